@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the local Kubernetes test bed needs (build + run).
+# Idempotent: skips apt entirely when everything is already present.
+set -euo pipefail
+
+PKGS=(golang-go etcd-server dpkg-dev openssl rsync make golang-github-modern-go-reflect2-dev xz-utils)
+SRC_FILE=/etc/apt/sources.list.d/vlm-operator-bookworm-src.sources
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+need_src=0
+if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src .*bookworm' /etc/apt/sources.list; then
+  need_src=1
+fi
+
+if [ ${#missing[@]} -eq 0 ] && [ $need_src -eq 0 ]; then
+  echo "install-deps: all packages present (${PKGS[*]}), deb-src configured"
+  exit 0
+fi
+
+if [ $need_src -eq 1 ]; then
+  echo "install-deps: adding deb-src entry for bookworm in $SRC_FILE"
+  $SUDO tee "$SRC_FILE" >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+fi
+
+echo "install-deps: apt-get update"
+$SUDO apt-get update -q
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+echo "install-deps: done"

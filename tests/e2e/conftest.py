@@ -1,0 +1,126 @@
+"""e2e fixtures: a real local control plane (or an existing cluster via --kubeconfig/KUBECONFIG)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vlm_testbed.controlplane import (
+    ControlPlane,
+    api_client_from_kubeconfig,
+    build,
+    kubectl_path,
+)
+
+E2E_DIR = Path(__file__).parent
+
+# A tiny CRD of our own, applied before the controllers start, so the e2e tests can check
+# custom resources (the reflect2 fix) and garbage collection of their children.
+TEST_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.testbed.vlm.dev"},
+    "spec": {
+        "group": "testbed.vlm.dev",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [{
+            "name": "v1", "served": True, "storage": True,
+            "schema": {"openAPIV3Schema": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        }],
+    },
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kubeconfig", default=None,
+                     help="run e2e tests against this existing cluster instead of a local one")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@dataclass
+class Cluster:
+    """What e2e tests get: a kubeconfig path, kubectl (or None) and an ApiClient factory."""
+
+    kubeconfig: Path
+    kubectl: Path | None
+    control_plane: ControlPlane | None = None  # None when an existing cluster is used
+
+    def api_client(self) -> Any:
+        return api_client_from_kubeconfig(self.kubeconfig)
+
+
+def _crds() -> list[dict]:
+    crds = [TEST_CRD]
+    try:
+        from vlm_operator.crd import get_crd
+    except ImportError:
+        return crds
+    return [get_crd(), *crds]
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    existing = pytestconfig.getoption("--kubeconfig", default=None) or os.environ.get("KUBECONFIG")
+    if existing:
+        found = shutil.which("kubectl")
+        yield Cluster(Path(existing), Path(found) if found else kubectl_path())
+        return
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():  # show build progress live
+        build()
+    with ControlPlane(_crds()) as cp:
+        assert cp.kubeconfig is not None
+        yield Cluster(cp.kubeconfig, cp.kubectl, cp)
+
+
+def _wait_default_sa_token(core: Any, ns: str, timeout_s: float = 60.0) -> None:
+    """Pods are refused until the namespace's default ServiceAccount has its token (v1.20)."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if core.read_namespaced_service_account("default", ns).secrets:
+                return
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        time.sleep(0.2)
+    raise TimeoutError(f"default ServiceAccount token in {ns} not created in {timeout_s} s")
+
+
+@pytest.fixture
+def widget_crd() -> dict:
+    """The small test CRD the local control plane knows from before its controllers started."""
+    return TEST_CRD
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace (default ServiceAccount token ready), deleted afterwards."""
+    from kubernetes import client
+
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    with cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        try:
+            _wait_default_sa_token(core, name)
+            yield name
+        finally:
+            core.delete_namespace(name)
