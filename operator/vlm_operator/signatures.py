@@ -1,0 +1,563 @@
+"""vLLM log signatures: a pure, table-driven matcher for engine log lines.
+
+The operator feeds every line of a vLLM container's log through a `Scanner` (one per pod
+container); `vlm-operator scan-logs` does the same offline. A detection names a signature from
+`SIGNATURES` (or a user-supplied extra one), its severity, and the default action class.
+
+Line shape (vLLM 0.11 - 0.33), optional parts in brackets:
+    [k8s RFC3339Nano time ][(Proc pid=N) ][VLLM_LOGGING_PREFIX][(Proc pid=N) ]LEVEL MM-DD HH:MM:SS
+    [file.py:N] message
+with optional ANSI colour codes around each header token (vLLM's ColoredFormatter). Matching is
+on the message, the level and the logger's file name; never on the line number.
+
+Threat model
+------------
+Attackers are API clients. They control prompts, stop strings, generated output, request ids,
+model names, URL paths and query strings, so they control *parts of messages*. What they must
+never do is trigger a signature (a restart, an alert) or hide one by forging "pool active".
+
+What vLLM gives us, and what we rely on:
+- Request logging formats user text with %r or JSON (`Received request ...: prompt: '...'`),
+  uvicorn percent-quotes paths and HTTP forbids raw newlines in the request line, so user text
+  arrives inside a line, after a constant start. Every built-in signature is anchored at the
+  start of the message and fully matched, and extra signatures are matched with `re.match` on
+  the message only and must start with a literal, so mid-line text never matches.
+- A single-line signature needs a vLLM header, a level from its list and (for vLLM's own lines)
+  a logger file from its allow-list, and must be the first line of a log record.
+- vLLM's NewLineFormatter turns every newline inside a record into `\\r\\n` + the same header, so
+  a physical line that follows one ending in `\\r` is a continuation: text injected through a
+  newline inside a message lands on a continuation line and is never matched as a line of its
+  own. This is tracked per process (`(Proc pid=N)`), since processes share stdout.
+- Exception lines (`RuntimeError: Already borrowed`, `...EngineDeadError: ...`) are trusted only
+  in the first exception line of a well-formed traceback block: a record-start line whose message
+  is a constant lead from `TRACEBACK_LEADS` (vLLM's own `logger.exception("...")` texts), then
+  `Traceback (most recent call last):`, then at least one `  File ...` frame, all with the same
+  header. The exception line starts with the exception type, which the attacker does not choose;
+  whatever follows it (a multi-line message, a forged chained traceback) is not trusted, except
+  as extra detail of the incident already opened (the `Failed to apply <Processor>` link).
+- Headerless tracebacks (Python's own printing, e.g. a dying process) count only for signatures
+  marked `headerless` (engine death), only when `Traceback (most recent call last):` starts a
+  record, and after any headerless exception line the stream of that process is tainted (raw
+  multi-line exception messages may follow) until a vLLM header line is seen again.
+Residual risk, stated plainly: the guarantee needs the log transport to keep the `\\r` (kubelet,
+the pod log API and `kubectl logs` do; `str.splitlines()` and text-mode universal newlines do
+not: split on `\\n` only). A component outside vLLM's logging that prints attacker-controlled
+text with raw newlines to the same stream could forge whole lines; treat `engine_dead` as a
+reason to check `/health`, not as proof.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+
+SEVERITIES = ("info", "warning", "error", "critical")
+# Default action classes the operator maps to behaviour:
+#   restart   - the engine is dead: replace the pod (after /health confirms)
+#   remediate - the tokenizer race is live: the pool is missing or too small
+#   event     - tell a human (Kubernetes Event / status condition)
+#   record    - status/metrics only
+ACTIONS = ("restart", "remediate", "event", "record")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+_ANSI = r"(?:\x1b\[[0-9;]*m)*"
+_K8S_TS = re.compile(
+    r"(?P<k8s_time>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})) "
+)
+_PROC = _ANSI + r"\((?P<{n}>[A-Za-z_][\w.\-]*) pid=(?P<{p}>\d+)\)" + _ANSI + " "
+_PROC_ONLY = re.compile(_PROC.format(n="proc", p="pid"))
+TRACEBACK_START = "Traceback (most recent call last):"
+MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work per line)
+
+
+@lru_cache(maxsize=16)
+def _header_re(logging_prefix: str) -> re.Pattern[str]:
+    """Header regex for one VLLM_LOGGING_PREFIX (an exact string, never a wildcard: a free
+    prefix would let the header start in the middle of an attacker-controlled line)."""
+    return re.compile(
+        "(?:" + _PROC.format(n="proc", p="pid") + ")?"
+        + re.escape(logging_prefix)
+        + "(?:" + _PROC.format(n="proc2", p="pid2") + ")?"
+        + _ANSI + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)" + _ANSI + " "
+        + _ANSI + r"(?P<time>\d{2}-\d{2} \d{2}:\d{2}:\d{2})" + _ANSI + " "
+        + _ANSI + r"\[(?P<file>[^\]\s:]+\.py):(?P<lineno>\d+)\]" + _ANSI + "(?: |$)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One physical line, split into what the runtime and vLLM put in front of the message."""
+
+    message: str
+    level: str | None = None  # None: no vLLM header (headerless line)
+    time: str | None = None  # vLLM's MM-DD HH:MM:SS
+    file: str | None = None  # logger file basename (vLLM may print a relative path)
+    lineno: int | None = None
+    proc: str | None = None
+    pid: int | None = None
+    k8s_time: str | None = None
+    continued: bool = False  # ended with \r: the next line of this process is a continuation
+
+    @property
+    def headered(self) -> bool:
+        return self.level is not None
+
+
+def split_line(line: str, logging_prefix: str = "") -> LogLine:
+    """Parse any line; headerless lines keep their k8s time and process prefix."""
+    line = line.rstrip("\n")
+    continued = line.endswith("\r")
+    line = line.rstrip("\r")
+    k8s_time = None
+    m = _K8S_TS.match(line)
+    if m:
+        k8s_time = m.group("k8s_time")
+        line = line[m.end():]
+    h = _header_re(logging_prefix).match(line)
+    if h:
+        proc = h.group("proc") or h.group("proc2")
+        pid = h.group("pid") or h.group("pid2")
+        return LogLine(
+            message=line[h.end():],
+            level=h.group("level"),
+            time=h.group("time"),
+            file=h.group("file").rsplit("/", 1)[-1],
+            lineno=int(h.group("lineno")),
+            proc=proc,
+            pid=int(pid) if pid else None,
+            k8s_time=k8s_time,
+            continued=continued,
+        )
+    p = _PROC_ONLY.match(line)
+    if p:
+        return LogLine(message=line[p.end():], proc=p.group("proc"), pid=int(p.group("pid")),
+                       k8s_time=k8s_time, continued=continued)
+    return LogLine(message=line, k8s_time=k8s_time, continued=continued)
+
+
+def parse_line(line: str, logging_prefix: str = "") -> LogLine | None:
+    """The vLLM header fields and message of a line, or None when it has no vLLM header."""
+    parsed = split_line(line, logging_prefix)
+    return parsed if parsed.headered else None
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """One way a signature shows in the log.
+
+    kind "line": a record-start line with a vLLM header; `files` (basenames) and `levels` limit
+    where it may come from (None: any). kind "exception": the first exception line of a trusted
+    traceback block; `headerless` also allows Python's own (headerless) traceback printing."""
+
+    variant: str
+    regex: re.Pattern[str]
+    kind: str = "line"
+    files: frozenset[str] | None = None
+    levels: frozenset[str] | None = None
+    headerless: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    name: str
+    severity: str
+    action: str
+    patterns: tuple[Pattern, ...]
+    merge_window_s: float = 0.0  # detections this close in time form one incident
+    builtin: bool = True
+
+
+def _full(rx: str) -> re.Pattern[str]:
+    return re.compile(rx + r"\Z")
+
+
+def _p(variant, rx, kind="line", files=None, levels=None, headerless=False) -> Pattern:
+    return Pattern(variant, _full(rx), kind, frozenset(files) if files else None,
+                   frozenset(levels) if levels else None, headerless)
+
+
+_DEAD_MSG = r"EngineCore encountered an issue\. See stack trace \(above\) for the root cause\."
+
+SIGNATURES: tuple[Signature, ...] = (
+    Signature("tokenizer_retry", "warning", "remediate", (
+        # vllm/multimodal/processing.py (0.11 - 0.14), .../processing/context.py (0.15 - 0.20)
+        _p("retry", r"Failed to acquire tokenizer in current thread\. "
+                    r"Retrying \((?P<attempt>\d+)/(?P<max_tries>\d+)\)\.\.\.",
+           files=("processing.py", "context.py"), levels=("WARNING",)),
+    )),
+    Signature("tokenizer_borrow_error", "error", "remediate", (
+        _p("already_borrowed", r"RuntimeError: Already borrowed", kind="exception"),
+    )),
+    Signature("engine_dead", "critical", "restart", (
+        _p("output_handler_failed", r"AsyncLLM output_handler failed\.",
+           files=("async_llm.py",), levels=("ERROR",)),
+        _p("fatal_error", r"EngineCore encountered a fatal error\.",
+           files=("core.py",), levels=("ERROR",)),
+        _p("failed_to_start", r"EngineCore failed to start\.",
+           files=("core.py",), levels=("ERROR",)),
+        # <= 0.19.1 (core_client.py)
+        _p("proc_died", r"Engine core proc (?P<engine_proc>[\w.\-]+) died unexpectedly, "
+                        r"shutting down client\.",
+           files=("core_client.py",), levels=("ERROR",)),
+        # 0.23+ (core_client.py), logged with or without the "[shutdown] " tag
+        _p("mpclient_exited", r"(?:\[shutdown\] )?MPClient: engine core exited unexpectedly; "
+                              r"starting cleanup",
+           files=("core_client.py",), levels=("WARNING", "ERROR")),
+        # --api-server-count > 1 (vllm/v1/utils.py): logged, then raised
+        _p("api_servers_exception", r"Exception occurred while running API servers: "
+                                    r"Engine core process (?P<engine_proc>[\w.\-]+) "
+                                    r"died unexpectedly\.",
+           files=("utils.py",), levels=("ERROR",)),
+        _p("process_died", r"RuntimeError: Engine core process (?P<engine_proc>[\w.\-]+) "
+                           r"died unexpectedly\.", kind="exception", headerless=True),
+        _p("engine_dead_error", r"(?:vllm\.v1\.engine\.exceptions\.)?EngineDeadError: "
+                                + _DEAD_MSG, kind="exception", headerless=True),
+    ), merge_window_s=60.0),
+    Signature("plugin_active", "info", "record", (
+        _p("active", r"vlm-tokenizer-pool active: vllm=(?P<vllm_version>\S+) "
+                     r"pool_size=(?P<pool_size>\d+) patched=(?P<patched>\S*)",
+           levels=("INFO",)),
+    )),
+    Signature("plugin_inactive", "warning", "event", (
+        _p("inactive", r"vlm-tokenizer-pool inactive: vllm=(?P<vllm_version>\S+) "
+                       r"reason=(?P<reason>.*)", levels=("WARNING",)),
+    )),
+)
+
+# Constant messages vLLM passes to logger.exception() before the tracebacks we read (0.11-0.33).
+TRACEBACK_LEADS = frozenset({
+    "Error in preprocessing prompt inputs",
+    "AsyncLLM output_handler failed.",
+    "EngineCore encountered a fatal error.",
+    "EngineCore failed to start.",
+    "Error in chat completion stream generator.",
+    "Error in completion stream generator.",
+})
+_LEAD_RE = _full(r"Exception occurred while running API servers: [^\r\n]*")
+# The one chained link we read after a trusted exception line (raised `from` the last retry).
+_FAILED_TO_APPLY = re.compile(r"ValueError: Failed to apply (?P<processor>\w+) on data=")
+
+
+# ---------------------------------------------------------------- extra signatures
+
+
+class SignatureConfigError(ValueError):
+    """A user-supplied signature definition is invalid; the message names the field."""
+
+
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}\Z")
+_FILE_RE = re.compile(r"[\w.\-]+\.py\Z")
+_NESTED_QUANT = re.compile(r"\((?:[^()\\]|\\.)*(?:[*+]|\{\d*,?\d*\})\??\)(?:[*+?]|\{)")
+_BACKREF = re.compile(r"\\[1-9]|\(\?P=")
+_SPECIAL = set(".^$*+?{}[]|()\\")
+MAX_EXTRA = 32
+MAX_REGEX_LEN = 256
+MIN_LITERAL_PREFIX = 3
+_EXTRA_KEYS = {"name", "regex", "action", "severity", "files", "levels"}
+
+
+def _literal_prefix_len(rx: str) -> int:
+    n = i = 0
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\" and i + 1 < len(rx) and not rx[i + 1].isalnum():
+            i += 2
+        elif c in _SPECIAL:
+            break
+        else:
+            i += 1
+        if i < len(rx) and rx[i] in "*?{":  # the char just read is optional: not a literal
+            break
+        n += 1
+    return n
+
+
+def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatures"
+                             ) -> tuple[Signature, ...]:
+    """Validate and compile user definitions {name, regex, action[, severity, files, levels]}.
+
+    The regex is matched with re.match against the message of a record-start line with a vLLM
+    header (never a continuation or headerless line), so it inherits the built-in guarantees
+    provided it starts with a literal: mid-line user text cannot reach it."""
+    out: list[Signature] = []
+    seen = {s.name for s in SIGNATURES}
+    defs = list(defs)
+    if len(defs) > MAX_EXTRA:
+        raise SignatureConfigError(f"{where}: at most {MAX_EXTRA} signatures, got {len(defs)}")
+    for i, d in enumerate(defs):
+        at = f"{where}[{i}]"
+        if not isinstance(d, Mapping):
+            raise SignatureConfigError(f"{at}: must be a mapping with name, regex, action")
+        unknown = sorted(set(d) - _EXTRA_KEYS)
+        if unknown:
+            raise SignatureConfigError(f"{at}.{unknown[0]}: unknown field")
+        name = d.get("name")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise SignatureConfigError(
+                f"{at}.name: must match [a-z][a-z0-9_]{{0,62}}, got {name!r}")
+        if name in seen:
+            raise SignatureConfigError(f"{at}.name: duplicate signature name {name!r}")
+        seen.add(name)
+        action = d.get("action")
+        if action not in ACTIONS:
+            raise SignatureConfigError(f"{at}.action: unknown action {action!r}; one of {ACTIONS}")
+        severity = d.get("severity", "warning")
+        if severity not in SEVERITIES:
+            raise SignatureConfigError(
+                f"{at}.severity: unknown severity {severity!r}; one of {SEVERITIES}")
+        rx = d.get("regex")
+        if not isinstance(rx, str) or not rx:
+            raise SignatureConfigError(f"{at}.regex: must be a non-empty string")
+        if len(rx) > MAX_REGEX_LEN:
+            raise SignatureConfigError(
+                f"{at}.regex: {len(rx)} characters, at most {MAX_REGEX_LEN}")
+        if _NESTED_QUANT.search(rx):
+            raise SignatureConfigError(
+                f"{at}.regex: nested quantifier (like (a+)+) risks catastrophic backtracking")
+        if _BACKREF.search(rx):
+            raise SignatureConfigError(f"{at}.regex: backreferences are not allowed")
+        if _literal_prefix_len(rx) < MIN_LITERAL_PREFIX:
+            raise SignatureConfigError(
+                f"{at}.regex: must start with at least {MIN_LITERAL_PREFIX} literal characters "
+                "(it is matched at the start of the message; a leading wildcard would reach "
+                "user-controlled text)")
+        try:
+            compiled = re.compile(rx)
+        except re.error as e:
+            raise SignatureConfigError(f"{at}.regex: invalid regular expression: {e}") from None
+        files = d.get("files")
+        if files is not None and (not isinstance(files, list | tuple) or not files or not all(
+                isinstance(f, str) and _FILE_RE.match(f) for f in files)):
+            raise SignatureConfigError(
+                f"{at}.files: must be a non-empty list of file names like 'core.py'")
+        levels = d.get("levels")
+        if levels is not None and (not isinstance(levels, list | tuple) or not levels or not all(
+                lv in LEVELS for lv in levels)):
+            raise SignatureConfigError(f"{at}.levels: must be a non-empty subset of {LEVELS}")
+        pattern = Pattern("extra", compiled, "line", frozenset(files) if files else None,
+                          frozenset(levels) if levels else None)
+        out.append(Signature(name, severity, action, (pattern,), builtin=False))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- matching
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    signature: str
+    severity: str
+    action: str
+    variant: str
+    fields: dict[str, str] = field(default_factory=dict)
+    source: str = "line"  # line | traceback | chained
+    line: LogLine | None = None
+    incident: int = 0  # Scanner-assigned; 0 from the stateless match()
+    new_incident: bool = True  # first detection of its incident: act on these only
+
+    def as_dict(self) -> dict:
+        ln = self.line
+        d = {"signature": self.signature, "severity": self.severity, "action": self.action,
+             "variant": self.variant, "source": self.source, "incident": self.incident,
+             "new_incident": self.new_incident}
+        if ln is not None:
+            d.update({"level": ln.level, "time": ln.time, "logger_file": ln.file,
+                      "proc": ln.proc, "pid": ln.pid, "k8s_time": ln.k8s_time})
+        d.update(self.fields)
+        return d
+
+
+def _match_line(ln: LogLine, sigs: Iterable[Signature]) -> Detection | None:
+    msg = ln.message[:MAX_MESSAGE]
+    for sig in sigs:
+        for p in sig.patterns:
+            if p.kind != "line" or (p.levels and ln.level not in p.levels) or (
+                    p.files and ln.file not in p.files):
+                continue
+            m = p.regex.match(msg)
+            if m:
+                return Detection(sig.name, sig.severity, sig.action, p.variant,
+                                 {k: v for k, v in m.groupdict().items() if v is not None},
+                                 "line", ln)
+    return None
+
+
+def _match_exception(ln: LogLine, headered: bool) -> Detection | None:
+    msg = ln.message[:MAX_MESSAGE]
+    for sig in SIGNATURES:
+        for p in sig.patterns:
+            if p.kind != "exception" or (not headered and not p.headerless):
+                continue
+            m = p.regex.match(msg)
+            if m:
+                return Detection(sig.name, sig.severity, sig.action, p.variant,
+                                 {k: v for k, v in m.groupdict().items() if v is not None},
+                                 "traceback", ln)
+    return None
+
+
+def match(line: str | LogLine, extra: Iterable[Signature] = (), logging_prefix: str = ""
+          ) -> Detection | None:
+    """Stateless: the single-line signature a line shows, treating it as a record start.
+
+    Exception-line signatures need traceback context and never match here: feed a `Scanner`
+    for streams (it also knows which lines are continuations)."""
+    ln = split_line(line, logging_prefix) if isinstance(line, str) else line
+    if not ln.headered:
+        return None
+    return _match_line(ln, (*SIGNATURES, *extra))
+
+
+# ---------------------------------------------------------------- stream state
+
+
+def _seconds(ln: LogLine) -> float | None:
+    if ln.k8s_time:
+        ts = ln.k8s_time
+        frac = ""
+        if "." in ts:
+            head, rest = ts.split(".", 1)
+            digits = rest.rstrip("Z").split("+")[0].split("-")[0]
+            frac = "." + digits[:6]
+            ts = head + frac + rest[len(digits):]
+        try:
+            return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    if ln.time:
+        mo, d = int(ln.time[0:2]), int(ln.time[3:5])
+        h, mi, s = int(ln.time[6:8]), int(ln.time[9:11]), int(ln.time[12:14])
+        return (((mo * 31 + d) * 24 + h) * 60 + mi) * 60 + s
+    return None
+
+
+@dataclass(slots=True)
+class _Block:
+    """Traceback block in progress for one process."""
+
+    header: tuple | None  # (level, time, file, lineno); None: headerless block
+    stage: str  # lead | start | frames | after
+    incident: int = 0
+    signature: str | None = None
+    chained_seen: bool = False
+
+
+class Scanner:
+    """Feed lines of one container's log in order; get detections with incident ids.
+
+    `feed` returns every per-line detection (what `scan-logs` prints); detections of one
+    event share `incident`, and `new_incident` marks the first one, which is what to act on."""
+
+    def __init__(self, extra: Iterable[Signature] = (), logging_prefix: str = "") -> None:
+        self.signatures = (*SIGNATURES, *extra)
+        self.logging_prefix = logging_prefix
+        self._cr: dict[tuple, bool] = {}
+        self._block: dict[tuple, _Block] = {}
+        self._tainted: dict[tuple, bool] = {}
+        self._last_incident: dict[str, tuple[int, float | None]] = {}
+        self._incidents = 0
+        self._now: float | None = None
+
+    @property
+    def incidents(self) -> int:
+        return self._incidents
+
+    def _assign(self, det: Detection, prefer: int = 0) -> Detection:
+        sig = next(s for s in self.signatures if s.name == det.signature)
+        if prefer:
+            return _with(det, prefer, False)
+        last = self._last_incident.get(sig.name)
+        if (last and sig.merge_window_s and last[1] is not None and self._now is not None
+                and 0 <= self._now - last[1] <= sig.merge_window_s):
+            self._last_incident[sig.name] = (last[0], self._now)
+            return _with(det, last[0], False)
+        self._incidents += 1
+        self._last_incident[sig.name] = (self._incidents, self._now)
+        return _with(det, self._incidents, True)
+
+    def feed(self, line: str) -> list[Detection]:
+        ln = split_line(line, self.logging_prefix)
+        key = (ln.proc, ln.pid)
+        continuation = self._cr.get(key, False)
+        self._cr[key] = ln.continued
+        t = _seconds(ln)
+        if t is not None:
+            self._now = t
+        block = self._block.get(key)
+        if ln.headered:
+            self._tainted[key] = False
+            hk = (ln.level, ln.time, ln.file, ln.lineno)
+            if continuation:
+                if block is not None and block.header == hk:
+                    return self._advance(key, block, ln)
+                self._block.pop(key, None)
+                return []
+            self._block.pop(key, None)
+            out = []
+            det = _match_line(ln, self.signatures)
+            if det is not None:
+                det = self._assign(det)
+                out.append(det)
+            if ln.message in TRACEBACK_LEADS or _LEAD_RE.match(ln.message):
+                self._block[key] = _Block(hk, "lead", det.incident if det else 0,
+                                          det.signature if det else None)
+            return out
+        # headerless
+        if block is not None and block.header is None and block.stage != "after":
+            return self._advance(key, block, ln)
+        if (ln.message == TRACEBACK_START and not continuation
+                and not self._tainted.get(key, False)):
+            self._block[key] = _Block(None, "start")
+            return []
+        if block is not None and block.header is not None:
+            self._block.pop(key, None)
+        return []
+
+    def _advance(self, key: tuple, b: _Block, ln: LogLine) -> list[Detection]:
+        msg = ln.message
+        if b.stage == "lead":
+            if msg == TRACEBACK_START:
+                b.stage = "start"
+            else:
+                self._block.pop(key, None)
+            return []
+        if b.stage in ("start", "frames"):
+            if msg.startswith('  File "'):
+                b.stage = "frames"
+                return []
+            if msg.startswith(" ") and b.stage == "frames":
+                return []  # source line, caret markers, "[Previous line repeated ...]"
+            if b.stage == "start" or not msg or msg[0].isspace():
+                self._block.pop(key, None)
+                return []
+            # the first exception line: its type is real; the rest of the record is not trusted
+            b.stage = "after"
+            headered = b.header is not None
+            if not headered:
+                self._tainted[key] = True
+            det = _match_exception(ln, headered)
+            if det is None:
+                return []
+            prefer = b.incident if b.signature == det.signature else 0
+            det = self._assign(det, prefer)
+            b.incident, b.signature = det.incident, det.signature
+            return [det]
+        # after the exception line: only extra detail of the incident already open
+        if (b.header is not None and b.signature == "tokenizer_borrow_error"
+                and not b.chained_seen):
+            m = _FAILED_TO_APPLY.match(msg)
+            if m:
+                b.chained_seen = True
+                sig = next(s for s in SIGNATURES if s.name == "tokenizer_borrow_error")
+                return [Detection(sig.name, sig.severity, sig.action, "failed_to_apply",
+                                  {"processor": m.group("processor")}, "chained", ln,
+                                  b.incident, False)]
+        return []
+
+
+def _with(det: Detection, incident: int, new: bool) -> Detection:
+    return Detection(det.signature, det.severity, det.action, det.variant, det.fields,
+                     det.source, det.line, incident, new)
