@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import ctypes
+import fcntl
 import glob
 import hashlib
 import json
@@ -231,7 +233,8 @@ def _install_binaries(outputs: dict[str, Path], dest: Path) -> None:
     for name, src in outputs.items():
         shutil.copy2(src, tmp / name)
         os.chmod(tmp / name, 0o755)
-        h = hashlib.sha256((tmp / name).read_bytes()).hexdigest()
+        with open(tmp / name, "rb") as f:
+            h = hashlib.file_digest(f, "sha256").hexdigest()
         manifest["files"][name] = {"sha256": h, "size": (tmp / name).stat().st_size}
     (tmp / COMPLETE_MARKER).write_text(json.dumps(manifest, indent=1))
     if dest.exists():
@@ -241,15 +244,41 @@ def _install_binaries(outputs: dict[str, Path], dest: Path) -> None:
     tmp.rename(dest)
 
 
-def build(force: bool = False, jobs: int | None = None) -> Path:
+def build(force: bool = False) -> Path:
     """Build (or reuse) the cached v1.20.2 binaries; returns the binary directory."""
     dest = bin_dir()
     if binaries_ready(dest) and not force:
         print(f"[build] Kubernetes {K8S_VERSION} binaries cached in {dest}", flush=True)
         return dest
-    t0 = time.monotonic()
     work = cache_root() / "build"
     work.mkdir(parents=True, exist_ok=True)
+    with open(work / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_for_lock(lock, timeout_s=5400)
+            if binaries_ready(dest) and not force:
+                print(f"[build] binaries now cached in {dest}", flush=True)
+                return dest
+        return _build_locked(dest, work)
+
+
+def _wait_for_lock(lock: Any, timeout_s: float) -> None:
+    start = time.monotonic()
+    print("[build] another build is running; waiting for it", flush=True)
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - start
+            if waited > timeout_s:
+                raise ControlPlaneError(f"waited {waited:.0f} s for another build") from None
+            time.sleep(2)
+
+
+def _build_locked(dest: Path, work: Path) -> Path:
+    t0 = time.monotonic()
     log = work / "build.log"
     log.write_text("")
     print(f"[build] building Kubernetes {K8S_VERSION} from Debian source in {work} "
@@ -269,8 +298,13 @@ def build(force: bool = False, jobs: int | None = None) -> Path:
     if not (tree_marker.is_file() and len(trees) == 1):
         shutil.rmtree(src, ignore_errors=True)
         src.mkdir(parents=True)
-        run_step("apt-get source kubernetes", ["apt-get", "source", "-q", "kubernetes"], log,
-                 timeout_s=600, cwd=src)
+        get_source = ["apt-get", "source", "-q", "kubernetes"]
+        try:
+            run_step("apt-get source kubernetes", get_source, log, timeout_s=600, cwd=src)
+        except ControlPlaneError:
+            print("[build] retrying after apt-get update (deb-src lists may be stale)", flush=True)
+            run_step("apt-get update", [*_sudo(), "apt-get", "update", "-q"], log, timeout_s=300)
+            run_step("apt-get source kubernetes", get_source, log, timeout_s=600, cwd=src)
         trees = [Path(p) for p in glob.glob(str(src / "kubernetes-*")) if os.path.isdir(p)]
         if len(trees) != 1:
             raise ControlPlaneError(f"apt-get source: expected one kubernetes-* dir in {src}")
@@ -284,12 +318,13 @@ def build(force: bool = False, jobs: int | None = None) -> Path:
         GOPROXY="off", GOFLAGS="-mod=vendor", CGO_ENABLED="0", GO111MODULE="on",
         GOCACHE=str(work / "gocache"), GOTOOLCHAIN="local",
     )
-    if jobs:
-        env["GOMAXPROCS"] = str(jobs)
     what = " ".join(f"cmd/{b}" for b in BINARIES)
     run_step("make", ["nice", "-n", "10", "make", f"WHAT={what}"], log, timeout_s=3600,
              cwd=tree, env=env, progress=True)
     _install_binaries(_find_outputs(tree), dest)
+    # The source tree and Go cache take several GB; a rebuild is rare, so free them.
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(work / "gocache", ignore_errors=True)
     print(f"[build] done in {time.monotonic() - t0:.0f} s: {dest}", flush=True)
     return dest
 
@@ -459,6 +494,12 @@ def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when our process dies, so no control plane is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on loopback.
 
@@ -545,6 +586,7 @@ class ControlPlane:
             proc = subprocess.Popen(
                 [str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -577,8 +619,9 @@ class ControlPlane:
         p = self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "cm", "sched")}
         self.server = f"https://127.0.0.1:{p['apiserver']}"
 
-        shm = Path("/dev/shm")
-        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+        shm = Path("/dev/shm")  # etcd fsyncs a lot; tmpfs keeps it fast when big enough
+        base = (shm if shm.is_dir() and os.access(shm, os.W_OK)
+                and shutil.disk_usage(shm).free > 2 * 1024**3 else None)
         self._etcd_data = Path(tempfile.mkdtemp(prefix="vlm-etcd-", dir=base))
         etcd_url = f"http://127.0.0.1:{p['etcd']}"
         peer_url = f"http://127.0.0.1:{p['etcd-peer']}"

@@ -88,20 +88,21 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
         yield Cluster(cp.kubeconfig, cp.kubectl, cp)
 
 
-def _wait_default_sa_token(core: Any, ns: str, timeout_s: float = 60.0) -> None:
-    """Pods are refused until the namespace's default ServiceAccount has its token (v1.20)."""
+def _wait_default_sa(core: Any, ns: str, need_secret: bool, timeout_s: float = 60.0) -> None:
+    """Pods are refused until the default ServiceAccount exists (and, before 1.24, its token)."""
     from kubernetes.client.exceptions import ApiException
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if core.read_namespaced_service_account("default", ns).secrets:
+            sa = core.read_namespaced_service_account("default", ns)
+            if sa.secrets or not need_secret:
                 return
         except ApiException as e:
             if e.status != 404:
                 raise
         time.sleep(0.2)
-    raise TimeoutError(f"default ServiceAccount token in {ns} not created in {timeout_s} s")
+    raise TimeoutError(f"default ServiceAccount in {ns} not ready in {timeout_s} s")
 
 
 @pytest.fixture
@@ -120,7 +121,8 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         core = client.CoreV1Api(api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         try:
-            _wait_default_sa_token(core, name)
+            minor = int(client.VersionApi(api).get_code().minor.rstrip("+"))
+            _wait_default_sa(core, name, need_secret=minor < 24)
             yield name
         finally:
             core.delete_namespace(name)

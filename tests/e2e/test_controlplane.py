@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_testbed.controlplane import apply_manifests
+from vlm_testbed.controlplane import (
+    api_client_from_kubeconfig,
+    apply_manifests,
+    bin_dir,
+    binaries_ready,
+)
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Cluster
@@ -55,7 +63,12 @@ def test_rbac_denies_then_allows_service_account(cluster: Cluster, namespace: st
         core = client.CoreV1Api(admin)
         core.create_namespaced_service_account(
             namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody")))
-        token = _sa_token(core, namespace, "nobody")
+        if cluster.control_plane:  # the controller-manager's token controller, v1.20 style
+            token = _sa_token(core, namespace, "nobody")
+        else:  # clusters >= 1.24 create no token secrets
+            token = core.create_namespaced_service_account_token(
+                "nobody", namespace, client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[]))).status.token
 
         cfg = client.Configuration()
         cfg.host = admin.configuration.host
@@ -199,3 +212,40 @@ def test_kubectl_works_with_kubeconfig(cluster: Cluster, namespace: str) -> None
     with cluster.api_client() as api:
         cm = client.CoreV1Api(api).read_namespaced_config_map("from-kubectl", namespace)
         assert cm.data == {"k": "v"}
+
+
+def _running(pid: int) -> bool:
+    """Exists and is not a zombie (an exited child nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_cli_up_env_down(tmp_path: Path) -> None:
+    """The demo's path: `up` in the background, `env`, then `down` stops every component."""
+    if not binaries_ready():
+        pytest.skip("Kubernetes binaries not built (python -m vlm_testbed.controlplane build)")
+    env = {**os.environ, "VLM_OPERATOR_CACHE": str(tmp_path), "VLM_K8S_BIN_DIR": str(bin_dir())}
+    env.pop("KUBECONFIG", None)
+    cli = [sys.executable, "-m", "vlm_testbed.controlplane"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cli, *args], env=env, capture_output=True, text=True,
+                              timeout=240)
+
+    up = run("up")
+    assert up.returncode == 0, up.stderr + up.stdout
+    state = json.loads((tmp_path / "cluster" / "state.json").read_text())
+    try:
+        exports = run("env").stdout
+        assert f"export KUBECONFIG={state['kubeconfig']}" in exports
+        with api_client_from_kubeconfig(state["kubeconfig"]) as api:
+            assert client.VersionApi(api).get_code().git_version == "v1.20.2"
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    pids = [state["pid"], *state["components"].values()]
+    wait_for("all control-plane processes to exit",
+             lambda: not any(_running(p) for p in pids), 30)
+    assert run("env").returncode == 1
