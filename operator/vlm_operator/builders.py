@@ -1,0 +1,269 @@
+"""Desired child objects of a VLMDeployment. Pure: no API calls, same input -> same output.
+
+The handlers apply what these return; `vlm-operator render` prints it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from vlm_operator import crd, versions
+from vlm_operator.spec import POOL_SIZE_ENV, VLMDeployment
+
+PORT = 8000
+CONTAINER = "vllm"
+MANAGER = "vlm-operator"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Pods whose label is "false" are out of the Service (draining) but still owned by the Deployment.
+IN_SERVICE_LABEL = f"{crd.GROUP}/in-service"
+RUN_AS_USER = 1000
+# Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
+STARTUP_PERIOD_SECONDS = 10
+STARTUP_FAILURE_THRESHOLD = 180
+
+
+def get_selector_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+    }
+
+
+def get_labels(name: str) -> dict[str, str]:
+    return {**get_selector_labels(name), "app.kubernetes.io/managed-by": MANAGER}
+
+
+def get_selector(name: str) -> str:
+    """The label selector string written to status.selector for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in get_selector_labels(name).items())
+
+
+def get_owner_references(vlmd: VLMDeployment) -> list[dict]:
+    if not vlmd.uid:
+        return []
+    return [{
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.KIND,
+        "name": vlmd.name,
+        "uid": vlmd.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }]
+
+
+def _metadata(vlmd: VLMDeployment, name: str) -> dict:
+    meta: dict[str, Any] = {"name": name, "namespace": vlmd.namespace,
+                            "labels": get_labels(vlmd.name)}
+    owners = get_owner_references(vlmd)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def get_vllm_args(vlmd: VLMDeployment) -> list[str]:
+    """`vllm serve` arguments, with only the flags this vLLM version has."""
+    spec, engine = vlmd.spec, vlmd.spec["vllm"]
+    args = [spec["model"], "--port", str(PORT)]
+    for flag, value in (
+        ("--served-model-name", spec.get("servedModelName")),
+        ("--revision", spec.get("revision")),
+        ("--max-model-len", engine.get("maxModelLen")),
+        ("--dtype", engine.get("dtype")),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    args += ["--tensor-parallel-size", str(vlmd.tensor_parallel_size)]
+    if engine.get("limitMmPerPrompt"):
+        args += ["--limit-mm-per-prompt", _json(engine["limitMmPerPrompt"])]
+    if "mmProcessorKwargs" in engine:
+        args += ["--mm-processor-kwargs", _json(engine["mmProcessorKwargs"])]
+    if versions.has_flag(vlmd.version, "--renderer-num-workers"):
+        args += ["--renderer-num-workers", str(spec["rendererNumWorkers"])]
+    return args + list(engine.get("extraArgs") or [])
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def get_env(vlmd: VLMDeployment) -> list[dict]:
+    spec = vlmd.spec
+    env: list[dict] = [
+        {"name": POOL_SIZE_ENV, "value": str(vlmd.pool_size)},
+        {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
+        {"name": "HOME", "value": "/home/vllm"},
+    ]
+    token = spec.get("hfTokenSecretRef")
+    if token:
+        env.append({"name": "HF_TOKEN", "valueFrom": {
+            "secretKeyRef": {"name": token["name"], "key": token["key"]}}})
+    return env + copy.deepcopy(spec["vllm"].get("env") or [])
+
+
+def _cache_mount_path(vlmd: VLMDeployment) -> str:
+    return (vlmd.spec.get("modelCache") or {}).get("mountPath", "/models")
+
+
+def get_pvc_name(vlmd: VLMDeployment) -> str | None:
+    """Name of the PVC the pods mount, or None when the cache is an emptyDir."""
+    cache_spec = vlmd.spec.get("modelCache") or {}
+    if "claimName" in cache_spec:
+        return cache_spec["claimName"]
+    if "size" in cache_spec:
+        return f"{vlmd.name}-model-cache"
+    return None
+
+
+def _volumes(vlmd: VLMDeployment) -> list[dict]:
+    claim = get_pvc_name(vlmd)
+    cache_volume = ({"persistentVolumeClaim": {"claimName": claim}} if claim
+                    else {"emptyDir": {}})
+    return [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "model-cache", **cache_volume},
+        {"name": "home", "emptyDir": {}},
+    ]
+
+
+def _probe(period: int, failures: int, timeout: int = 5) -> dict:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def _resources(vlmd: VLMDeployment) -> dict:
+    gpus = vlmd.spec["gpusPerReplica"]
+    user = copy.deepcopy(vlmd.spec.get("resources") or {})
+    return {
+        "requests": {**user.get("requests", {}), GPU_RESOURCE: gpus},
+        "limits": {**user.get("limits", {}), GPU_RESOURCE: gpus},
+    }
+
+
+def get_container(vlmd: VLMDeployment) -> dict:
+    return {
+        "name": CONTAINER,
+        "image": vlmd.spec["image"],
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["vllm", "serve"],
+        "args": get_vllm_args(vlmd),
+        "env": get_env(vlmd),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": _resources(vlmd),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": _cache_mount_path(vlmd)},
+            {"name": "home", "mountPath": "/home/vllm"},
+        ],
+        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            # vLLM, torch and triton write caches outside the mounted volumes.
+            "readOnlyRootFilesystem": False,
+        },
+    }
+
+
+def get_pod_template(vlmd: VLMDeployment) -> dict:
+    sched = vlmd.spec.get("scheduling") or {}
+    pod_spec: dict[str, Any] = {
+        "containers": [get_container(vlmd)],
+        "volumes": _volumes(vlmd),
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule.
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                        *copy.deepcopy(sched.get("tolerations", []))],
+    }
+    for key in ("nodeSelector", "affinity", "runtimeClassName", "priorityClassName"):
+        if sched.get(key):
+            pod_spec[key] = copy.deepcopy(sched[key])
+    return {
+        "metadata": {
+            "labels": {**get_labels(vlmd.name), IN_SERVICE_LABEL: "true"},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def get_deployment(vlmd: VLMDeployment) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(vlmd, vlmd.name),
+        "spec": {
+            "replicas": vlmd.spec["replicas"],
+            "selector": {"matchLabels": get_selector_labels(vlmd.name)},
+            # GPUs are scarce: replace pods one at a time without needing a spare GPU.
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "progressDeadlineSeconds": STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600,
+            "revisionHistoryLimit": 5,
+            "template": get_pod_template(vlmd),
+        },
+    }
+
+
+def get_service(vlmd: VLMDeployment) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(vlmd, vlmd.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {**get_selector_labels(vlmd.name), IN_SERVICE_LABEL: "true"},
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def get_pdb(vlmd: VLMDeployment, api_version: str = "policy/v1") -> dict:
+    """The PodDisruptionBudget; clusters older than 1.21 only serve policy/v1beta1."""
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(vlmd, vlmd.name),
+        "spec": {
+            "minAvailable": vlmd.spec["health"]["minAvailable"],
+            "selector": {"matchLabels": get_selector_labels(vlmd.name)},
+        },
+    }
+
+
+def get_pvc(vlmd: VLMDeployment) -> dict | None:
+    """The model-cache PVC when the operator is asked to create one."""
+    cache_spec = vlmd.spec.get("modelCache") or {}
+    if "size" not in cache_spec:
+        return None
+    spec: dict[str, Any] = {
+        "accessModes": list(cache_spec.get("accessModes", ["ReadWriteOnce"])),
+        "resources": {"requests": {"storage": cache_spec["size"]}},
+    }
+    if cache_spec.get("storageClassName"):
+        spec["storageClassName"] = cache_spec["storageClassName"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _metadata(vlmd, get_pvc_name(vlmd)), "spec": spec}
+
+
+def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1") -> list[dict]:
+    """Every object the VLMDeployment owns, in the order they should be applied."""
+    pvc = get_pvc(vlmd)
+    return [*([pvc] if pvc else []), get_deployment(vlmd), get_service(vlmd),
+            get_pdb(vlmd, pdb_api_version)]

@@ -1,0 +1,157 @@
+"""The `vlm-operator` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import TextIO
+
+import yaml
+
+from vlm_operator import builders, crd
+from vlm_operator.spec import SpecError, parse
+
+EXIT_USAGE = 2
+
+
+def _version() -> str:
+    try:
+        return version("vlm-operator")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def dump_yaml(docs: list[dict], out: TextIO) -> None:
+    yaml.safe_dump_all(docs, out, sort_keys=False, explicit_start=True, width=100)
+
+
+def _load_documents(path: str) -> list:
+    if path == "-":
+        return [d for d in yaml.safe_load_all(sys.stdin) if d is not None]
+    with open(path, encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d is not None]
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        docs = _load_documents(args.filename)
+    except OSError as exc:
+        print(f"error: cannot read {args.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except yaml.YAMLError as exc:
+        print(f"error: {args.filename} is not valid YAML: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not docs:
+        print(f"error: {args.filename} holds no VLMDeployment", file=sys.stderr)
+        return EXIT_USAGE
+    rendered, failed = [], False
+    for index, doc in enumerate(docs, start=1):
+        if isinstance(doc, dict) and args.namespace:
+            doc = {**doc, "metadata": {**(doc.get("metadata") or {}),
+                                       "namespace": args.namespace}}
+        label = _describe(doc, index)
+        try:
+            vlmd = parse(doc)
+        except SpecError as exc:
+            failed = True
+            print(f"error: {args.filename}: {label} is invalid:", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  - {problem}", file=sys.stderr)
+            continue
+        for warning in vlmd.warnings:
+            print(f"warning: {args.filename}: {label}: {warning}", file=sys.stderr)
+        rendered += builders.get_children(vlmd, pdb_api_version=args.pdb_api_version)
+    if failed:
+        return EXIT_USAGE
+    dump_yaml(rendered, sys.stdout)
+    return 0
+
+
+def _describe(doc: object, index: int) -> str:
+    name = None
+    if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
+        name = doc["metadata"].get("name")
+    return f"document {index}" + (f" ({crd.KIND} {name})" if name else "")
+
+
+def cmd_crd(_: argparse.Namespace) -> int:
+    dump_yaml([crd.get_crd()], sys.stdout)
+    return 0
+
+
+def cmd_scan_logs(args: argparse.Namespace) -> int:
+    from vlm_operator import scan_logs
+
+    return scan_logs.main(args.files, sys.stdout, sys.stderr)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vlm_operator import runner
+
+    return runner.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vlm-operator",
+        description="Run vision-language models on Kubernetes with a patched vLLM whose "
+                    "tokenizer pool is safe under concurrent multimodal load.",
+        epilog="Start with: vlm-operator render -f manifests/examples/qwen3-vl-4b.yaml",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render = sub.add_parser(
+        "render", help="print the objects a VLMDeployment becomes (no cluster needed)",
+        description="Validate VLMDeployment manifests and print the Deployment, Service, "
+                    "PodDisruptionBudget (and PVC) the operator would create, as YAML. "
+                    "Exits 2 naming every bad field when a manifest is invalid.")
+    render.add_argument("-f", "--filename", required=True,
+                        help="YAML file with one or more VLMDeployments ('-' for stdin)")
+    render.add_argument("-n", "--namespace", help="namespace to render into")
+    render.add_argument("--pdb-api-version", default="policy/v1",
+                        choices=["policy/v1", "policy/v1beta1"],
+                        help="PodDisruptionBudget API (policy/v1beta1 before Kubernetes 1.21)")
+    render.set_defaults(func=cmd_render)
+
+    crd_cmd = sub.add_parser("crd", help="print the VLMDeployment CustomResourceDefinition",
+                             description="Print the CRD; pipe it to `kubectl apply -f -`.")
+    crd_cmd.set_defaults(func=cmd_crd)
+
+    scan = sub.add_parser(
+        "scan-logs", help="find tokenizer and engine failures in vLLM log files (offline)",
+        description="Scan vLLM server logs (plain or .gz, '-' for stdin) for known failure "
+                    "signatures. One JSON object per detection on stdout, a summary on "
+                    "stderr; exit 2 when an input cannot be read.")
+    scan.add_argument("files", nargs="+", metavar="FILE")
+    scan.set_defaults(func=cmd_scan_logs)
+
+    run = sub.add_parser(
+        "run", help="start the operator",
+        description="Reconcile VLMDeployments on the cluster from the kubeconfig or the "
+                    "in-cluster service account.")
+    run.add_argument("-n", "--namespace", action="append", dest="namespaces", default=[],
+                     help="watch only this namespace (repeatable); default: all namespaces")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then "
+                                          "in-cluster)")
+    run.add_argument("--peering", default="vlm-operator",
+                     help="peering name: operator replicas with the same name never act "
+                          "twice (only the highest priority one runs)")
+    run.add_argument("--priority", type=int, default=0, help="peering priority")
+    run.add_argument("--liveness-port", type=int, default=8080,
+                     help="port of the /healthz liveness endpoint (0 disables it)")
+    run.add_argument("--metrics-port", type=int, default=9090,
+                     help="port of the Prometheus /metrics endpoint (0 disables it)")
+    run.add_argument("--verbose", action="store_true", help="debug logging")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Builders: every field of the desired Deployment, Service, PDB and PVC."""
+
+import json
+
+import pytest
+
+from vlm_operator import builders, crd
+from vlm_operator.spec import parse
+
+
+def vlmd(uid=None, **spec):
+    meta = {"name": "demo", "namespace": "ml"}
+    if uid:
+        meta["uid"] = uid
+    return parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": meta,
+                  "spec": {"model": "Qwen/Qwen3-VL-4B-Instruct", **spec}})
+
+
+def container(obj):
+    return builders.get_deployment(obj)["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(obj):
+    return {e["name"]: e for e in container(obj)["env"]}
+
+
+def flag(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_args_start_with_model_and_port():
+    args = container(vlmd())["args"]
+    assert args[:3] == ["Qwen/Qwen3-VL-4B-Instruct", "--port", "8000"]
+    assert container(vlmd())["command"] == ["vllm", "serve"]
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("0.11.0", None), ("0.17.1", None), ("0.18.1", None), ("0.19.0", "4"), ("0.20.2", "4"),
+    ("0.33.0", "4"),
+])
+def test_renderer_flag_only_where_the_version_has_it(version, expected):
+    obj = vlmd(vllmVersion=version, rendererNumWorkers=4)
+    assert flag(container(obj)["args"], "--renderer-num-workers") == expected
+    # The pool size reaches the engine on every version.
+    assert env_of(obj)["VLM_TOKENIZER_POOL_SIZE"]["value"] == "5"
+
+
+def test_version_from_image_tag_decides_flags():
+    old = vlmd(image="vllm/vllm-openai:v0.17.1")
+    new = vlmd(image="vllm/vllm-openai:v0.20.2")
+    assert "--renderer-num-workers" not in container(old)["args"]
+    assert "--renderer-num-workers" in container(new)["args"]
+    assert container(new)["image"] == "vllm/vllm-openai:v0.20.2"
+
+
+def test_engine_flags():
+    obj = vlmd(servedModelName="qwen", revision="abc123", gpusPerReplica=2, vllm={
+        "maxModelLen": 4096, "dtype": "bfloat16",
+        "limitMmPerPrompt": {"video": 0, "image": 4},
+        "mmProcessorKwargs": {"max_pixels": 1003520, "fps": [1, 2]},
+        "extraArgs": ["--enforce-eager", "--max-num-seqs=64"]})
+    args = container(obj)["args"]
+    assert flag(args, "--served-model-name") == "qwen"
+    assert flag(args, "--revision") == "abc123"
+    assert flag(args, "--max-model-len") == "4096"
+    assert flag(args, "--dtype") == "bfloat16"
+    assert flag(args, "--tensor-parallel-size") == "2"
+    assert json.loads(flag(args, "--limit-mm-per-prompt")) == {"image": 4, "video": 0}
+    assert json.loads(flag(args, "--mm-processor-kwargs")) == {
+        "max_pixels": 1003520, "fps": [1, 2]}
+    assert args[-2:] == ["--enforce-eager", "--max-num-seqs=64"]
+
+
+def test_optional_flags_absent_by_default():
+    args = container(vlmd())["args"]
+    for name in ("--served-model-name", "--revision", "--max-model-len", "--dtype",
+                 "--limit-mm-per-prompt", "--mm-processor-kwargs"):
+        assert name not in args
+    assert flag(args, "--tensor-parallel-size") == "1"
+
+
+def test_tensor_parallel_size_explicit():
+    args = container(vlmd(gpusPerReplica=4, vllm={"tensorParallelSize": 2}))["args"]
+    assert flag(args, "--tensor-parallel-size") == "2"
+
+
+def test_gpu_limits_and_user_resources():
+    res = container(vlmd(gpusPerReplica=2, resources={
+        "requests": {"cpu": "4", "memory": "24Gi"}, "limits": {"memory": "48Gi"}}))["resources"]
+    assert res["limits"] == {"memory": "48Gi", "nvidia.com/gpu": 2}
+    assert res["requests"] == {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": 2}
+
+
+def test_shm_cache_and_home_volumes():
+    pod = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models", "home": "/home/vllm"}
+    assert env_of(vlmd())["HF_HOME"]["value"] == "/models"
+
+
+def test_existing_pvc():
+    obj = vlmd(modelCache={"claimName": "weights", "mountPath": "/cache"})
+    pod = builders.get_deployment(obj)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
+    assert env_of(obj)["HF_HOME"]["value"] == "/cache"
+    assert builders.get_pvc(obj) is None
+    assert [c["kind"] for c in builders.get_children(obj)] == [
+        "Deployment", "Service", "PodDisruptionBudget"]
+
+
+def test_created_pvc():
+    obj = vlmd(uid="u-1", modelCache={"size": "50Gi", "storageClassName": "fast",
+                                      "accessModes": ["ReadWriteMany"]})
+    pvc = builders.get_pvc(obj)
+    assert pvc["metadata"]["name"] == "demo-model-cache"
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "fast",
+                           "resources": {"requests": {"storage": "50Gi"}}}
+    assert pvc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    pod = builders.get_deployment(obj)["spec"]["template"]["spec"]
+    claim = {v["name"]: v for v in pod["volumes"]}["model-cache"]["persistentVolumeClaim"]
+    assert claim == {"claimName": "demo-model-cache"}
+    assert [c["kind"] for c in builders.get_children(obj)] == [
+        "PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget"]
+
+
+def test_hf_token_only_from_secret():
+    obj = vlmd(hfTokenSecretRef={"name": "hf"})
+    assert env_of(obj)["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert "HF_TOKEN" not in env_of(vlmd())
+
+
+def test_user_env_passed_after_managed_env():
+    obj = vlmd(vllm={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]})
+    names = [e["name"] for e in container(obj)["env"]]
+    assert names[-1] == "VLLM_LOGGING_LEVEL"
+    assert names[0] == "VLM_TOKENIZER_POOL_SIZE"
+
+
+def test_probes_sized_for_model_loads():
+    c = container(vlmd())
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_labels_selector_and_scrape_annotations():
+    dep = builders.get_deployment(vlmd())
+    labels = dep["metadata"]["labels"]
+    assert labels == {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "demo",
+                      "app.kubernetes.io/component": "engine",
+                      "app.kubernetes.io/managed-by": "vlm-operator"}
+    template = dep["spec"]["template"]["metadata"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= template["labels"].items()
+    assert template["labels"][builders.IN_SERVICE_LABEL] == "true"
+    assert template["annotations"] == {"prometheus.io/scrape": "true",
+                                       "prometheus.io/port": "8000",
+                                       "prometheus.io/path": "/metrics"}
+    assert builders.get_selector("demo") == (
+        "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
+        "app.kubernetes.io/component=engine")
+
+
+def test_security_context_without_privileges():
+    pod = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in sc
+
+
+def test_scheduling():
+    pod = builders.get_deployment(vlmd(scheduling={
+        "nodeSelector": {"gpu": "h100"}, "runtimeClassName": "nvidia",
+        "priorityClassName": "high",
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                         "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"x": 1}}}))["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["priorityClassName"] == "high"
+    assert pod["affinity"] == {"nodeAffinity": {"x": 1}}
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml",
+            "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists",
+            "effect": "NoSchedule"} in pod["tolerations"]
+    plain = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    assert "nodeSelector" not in plain and "priorityClassName" not in plain
+
+
+def test_replicas_and_rollout():
+    dep = builders.get_deployment(vlmd(replicas=3))
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_service_selects_only_pods_in_service():
+    svc = builders.get_service(vlmd())
+    assert svc["spec"]["selector"][builders.IN_SERVICE_LABEL] == "true"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http",
+                                     "protocol": "TCP"}]
+
+
+def test_pdb():
+    pdb = builders.get_pdb(vlmd(health={"minAvailable": 2}))
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"] == builders.get_selector_labels("demo")
+    assert builders.get_pdb(vlmd(), "policy/v1beta1")["apiVersion"] == "policy/v1beta1"
+
+
+def test_owner_references_only_when_uid_known():
+    for child in builders.get_children(vlmd()):
+        assert "ownerReferences" not in child["metadata"]
+    for child in builders.get_children(vlmd(uid="1234")):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": crd.API_VERSION, "kind": "VLMDeployment", "name": "demo",
+                       "uid": "1234", "controller": True, "blockOwnerDeletion": True}
+        assert child["metadata"]["namespace"] == "ml"
+
+
+def test_builders_are_pure():
+    obj = vlmd(uid="1", vllm={"extraArgs": ["--x"]})
+    assert builders.get_children(obj) == builders.get_children(obj)
+    first = builders.get_children(obj)
+    first[0]["spec"]["template"]["spec"]["containers"][0]["args"].append("--mutated")
+    assert "--mutated" not in builders.get_children(obj)[0]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert obj.spec["vllm"]["extraArgs"] == ["--x"]
+
+
+def test_returned_objects_share_nothing_with_the_spec():
+    obj = vlmd(vllm={"env": [{"name": "A", "value": "1"}]},
+               scheduling={"affinity": {"nodeAffinity": {"x": 1}},
+                           "tolerations": [{"key": "k", "operator": "Exists"}]},
+               resources={"requests": {"cpu": "1"}})
+    dep = builders.get_deployment(obj)
+    pod = dep["spec"]["template"]["spec"]
+    pod["containers"][0]["env"][-1]["value"] = "changed"
+    pod["affinity"]["nodeAffinity"]["x"] = 2
+    pod["tolerations"][-1]["key"] = "changed"
+    pod["containers"][0]["resources"]["requests"]["cpu"] = "9"
+    assert builders.get_deployment(obj) != dep
+    assert obj.spec["vllm"]["env"][0]["value"] == "1"

@@ -1,0 +1,98 @@
+"""The command line, run as users run it (a subprocess)."""
+
+import pathlib
+import subprocess
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "manifests/examples/qwen3-vl-4b.yaml"
+
+
+def cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "vlm_operator.cli", *args], input=stdin,
+                          capture_output=True, text=True)
+
+
+def test_render_example():
+    result = cli("render", "-f", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    docs = list(yaml.safe_load_all(result.stdout))
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget"]
+    container = docs[1]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "Qwen/Qwen3-VL-4B-Instruct"
+    assert args[args.index("--max-model-len") + 1] == "4096"
+    assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--renderer-num-workers") + 1] == "4"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    pool = {e["name"]: e.get("value") for e in container["env"]}["VLM_TOKENIZER_POOL_SIZE"]
+    assert pool == "5"
+
+
+def test_render_stdin_namespace_and_pdb_version():
+    text = EXAMPLE.read_text()
+    result = cli("render", "-f", "-", "-n", "team-a", "--pdb-api-version", "policy/v1beta1",
+                 stdin=text)
+    assert result.returncode == 0, result.stderr
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+    assert docs[-1]["apiVersion"] == "policy/v1beta1"
+
+
+def test_render_invalid_names_every_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all([
+        yaml.safe_load(EXAMPLE.read_text()),
+        {"apiVersion": "serving.vlm-operator.dev/v1alpha1", "kind": "VLMDeployment",
+         "metadata": {"name": "broken"},
+         "spec": {"replicas": -1, "gpusPerReplica": 0, "health": {"engineDead": {
+             "action": "Explode"}}, "image": "vllm/vllm-openai:latest"}},
+    ]))
+    result = cli("render", "-f", str(bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    err = result.stderr
+    assert "document 2 (VLMDeployment broken) is invalid" in err
+    for expected in ("spec.model: is required", "spec.replicas: -1 is less than the minimum",
+                     "spec.gpusPerReplica: 0 is less than the minimum",
+                     "spec.health.engineDead.action: 'Explode' is not one of",
+                     "spec.image: cannot tell the vLLM version"):
+        assert expected in err
+    assert "Traceback" not in err
+
+
+def test_render_unreadable_and_malformed(tmp_path):
+    result = cli("render", "-f", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr and "Traceback" not in result.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    result = cli("render", "-f", str(broken))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    result = cli("render", "-f", str(empty))
+    assert result.returncode == 2 and "holds no VLMDeployment" in result.stderr
+
+
+def test_render_warning_goes_to_stderr(tmp_path):
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["vllmVersion"] = "0.99.0"
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = cli("render", "-f", str(path))
+    assert result.returncode == 0
+    assert "warning:" in result.stderr and "0.99.0 is newer" in result.stderr
+
+
+def test_version_and_help():
+    result = cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("vlm-operator ")
+    result = cli("--help")
+    assert result.returncode == 0
+    for command in ("render", "crd", "run", "scan-logs"):
+        assert command in result.stdout
+    assert cli().returncode == 2

@@ -1,0 +1,198 @@
+"""Validation: every problem names its field; all of them are reported at once."""
+
+import copy
+
+import pytest
+
+from vlm_operator import crd
+from vlm_operator.spec import SpecError, parse, validate
+from vlm_operator.versions import Version
+
+
+def cr(**spec):
+    body = {"model": "Qwen/Qwen3-VL-4B-Instruct", **spec}
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": "demo", "namespace": "ml"}, "spec": body}
+
+
+def problems_of(obj):
+    return validate(obj)[0]
+
+
+def test_minimal_spec_gets_schema_defaults():
+    vlmd = parse(cr())
+    assert vlmd.spec["replicas"] == 1
+    assert vlmd.spec["gpusPerReplica"] == 1
+    assert vlmd.spec["rendererNumWorkers"] == 1
+    assert vlmd.spec["image"] == crd.DEFAULT_IMAGE
+    assert vlmd.spec["health"]["tokenizerRetry"] == {
+        "threshold": 5, "windowSeconds": 60, "action": "Restart"}
+    assert vlmd.spec["health"]["engineDead"]["threshold"] == 1
+    assert vlmd.spec["autoscaling"]["mode"] == "Builtin"
+    assert vlmd.pool_size == 2
+    assert vlmd.namespace == "ml"
+    assert vlmd.warnings == ()
+
+
+def test_pool_size_is_workers_plus_one():
+    assert parse(cr(rendererNumWorkers=4)).pool_size == 5
+    assert parse(cr(rendererNumWorkers=64)).pool_size == 65
+
+
+def test_input_is_not_mutated():
+    obj = cr()
+    before = copy.deepcopy(obj)
+    parse(obj)
+    assert obj == before
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"model": None}, "spec.model: None is not of type 'string'"),
+    ({"replicas": -1}, "spec.replicas: -1 is less than the minimum of 0"),
+    ({"gpusPerReplica": 0}, "spec.gpusPerReplica: 0 is less than the minimum of 1"),
+    ({"rendererNumWorkers": 0}, "spec.rendererNumWorkers: 0 is less than the minimum of 1"),
+    ({"rendererNumWorkers": 65}, "spec.rendererNumWorkers: 65 is greater than the maximum of 64"),
+    ({"health": {"engineDead": {"action": "Reboot"}}},
+     "spec.health.engineDead.action: 'Reboot' is not one of ['Restart', 'ScaleDown', 'Ignore']"),
+    ({"health": {"tokenizerRetry": {"threshold": 0}}},
+     "spec.health.tokenizerRetry.threshold: 0 is less than the minimum of 1"),
+    ({"autoscaling": {"mode": "VPA"}},
+     "spec.autoscaling.mode: 'VPA' is not one of ['Builtin', 'HPA', 'KEDA']"),
+    ({"vllm": {"dtype": "int3"}}, "spec.vllm.dtype: 'int3' is not one of"),
+    ({"replica": 3}, "spec.replica: unknown field"),
+    ({"resources": {"requests": {"memory": "lots"}}},
+     "spec.resources.requests.memory: 'lots' is not a quantity"),
+    ({"vllm": {"extraArgs": ["--enforce-eager", 5]}},
+     "spec.vllm.extraArgs[1]: 5 is not of type 'string'"),
+    ({"vllm": {"limitMmPerPrompt": {"image": -1}}},
+     "spec.vllm.limitMmPerPrompt.image: -1 is less than the minimum of 0"),
+    ({"hfTokenSecretRef": {"key": "token"}}, "spec.hfTokenSecretRef.name: is required"),
+])
+def test_schema_problems_name_the_field(spec, expected):
+    found = problems_of(cr(**spec))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_missing_model():
+    obj = cr()
+    del obj["spec"]["model"]
+    assert "spec.model: is required" in problems_of(obj)
+
+
+def test_missing_spec():
+    obj = cr()
+    del obj["spec"]
+    assert "spec: is required" in problems_of(obj)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"gpusPerReplica": 2, "vllm": {"tensorParallelSize": 4}},
+     "spec.vllm.tensorParallelSize: 4 is larger than spec.gpusPerReplica (2)"),
+    ({"image": "vllm/vllm-openai:latest"},
+     "spec.image: cannot tell the vLLM version from 'vllm/vllm-openai:latest' (tag 'latest'); "
+     "set spec.vllmVersion"),
+    ({"image": "vllm/vllm-openai@sha256:" + "a" * 64},
+     "spec.image: cannot tell the vLLM version"),
+    ({"image": "vllm/vllm-openai:v0.9.2"},
+     "spec.image: vLLM 0.9.2 is older than the oldest supported version 0.11.0"),
+    ({"vllmVersion": "0.10.1"}, "spec.vllmVersion: vLLM 0.10.1 is older"),
+    ({"vllm": {"mmProcessorKwargs": {"x": float("nan")}}},
+     "spec.vllm.mmProcessorKwargs: cannot be passed as JSON"),
+    ({"vllm": {"mmProcessorKwargs": {"x": {1, 2}}}},
+     "spec.vllm.mmProcessorKwargs: cannot be passed as JSON"),
+    ({"vllm": {"extraArgs": ["--enforce-eager", "--port=9000"]}},
+     "spec.vllm.extraArgs[1]: --port is managed by the operator"),
+    ({"vllm": {"extraArgs": ["--renderer-num-workers", "8"]}},
+     "spec.vllm.extraArgs[0]: --renderer-num-workers is managed by the operator: set "
+     "spec.rendererNumWorkers instead"),
+    ({"vllm": {"extraArgs": ["--hf-token", "hf_abc"]}},
+     "spec.vllm.extraArgs[0]: --hf-token is managed by the operator: use spec.hfTokenSecretRef"),
+    ({"vllm": {"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}},
+     "spec.vllm.env[0].name: HF_TOKEN is set from spec.hfTokenSecretRef"),
+    ({"vllm": {"env": [{"name": "VLLM_API_KEY", "value": "abc"}]}},
+     "spec.vllm.env[0]: VLLM_API_KEY looks like a secret"),
+    ({"vllm": {"env": [{"name": "VLM_TOKENIZER_POOL_SIZE", "value": "9"}]}},
+     "spec.vllm.env[0].name: VLM_TOKENIZER_POOL_SIZE is set from spec.rendererNumWorkers"),
+    ({"vllm": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+     "spec.vllm.env[1].name: A is set twice"),
+    ({"vllm": {"env": [{"name": "A", "value": "1",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}},
+     "spec.vllm.env[0]: set value or valueFrom, not both"),
+    ({"modelCache": {"claimName": "weights", "size": "10Gi"}},
+     "spec.modelCache: set exactly one of claimName"),
+    ({"modelCache": {"mountPath": "/models"}}, "spec.modelCache: set exactly one of claimName"),
+    ({"modelCache": {"claimName": "weights", "storageClassName": "fast"}},
+     "spec.modelCache.storageClassName: only applies with size"),
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+     "spec.autoscaling.minReplicas: 5 is larger than spec.autoscaling.maxReplicas (2)"),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA", "maxReplicas": 3}},
+     "spec.autoscaling.prometheus.serverAddress: is required in KEDA mode"),
+])
+def test_semantic_problems_name_the_field(spec, expected):
+    found = problems_of(cr(**spec))
+    assert any(p.startswith(expected) for p in found), found
+    with pytest.raises(SpecError) as info:
+        parse(cr(**spec))
+    assert info.value.problems == found
+
+
+@pytest.mark.parametrize("name", ["Demo", "1demo", "demo_x", "a" * 64, "demo-"])
+def test_bad_names(name):
+    obj = cr()
+    obj["metadata"]["name"] = name
+    assert any(p.startswith("metadata.name:") for p in problems_of(obj))
+
+
+def test_wrong_kind_and_api_version():
+    obj = cr()
+    obj["kind"], obj["apiVersion"] = "Deployment", "apps/v1"
+    found = problems_of(obj)
+    assert "kind: must be VLMDeployment, got 'Deployment'" in found
+    assert f"apiVersion: must be {crd.API_VERSION}, got 'apps/v1'" in found
+
+
+def test_not_a_mapping():
+    assert problems_of(["a"]) == ["(root): a VLMDeployment must be a mapping, got list"]
+    assert problems_of({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                        "metadata": {"name": "x"}, "spec": "model"})
+
+
+def test_every_problem_reported_at_once():
+    found = problems_of(cr(replicas=-1, gpusPerReplica=0, image="vllm/vllm-openai:nightly",
+                           vllm={"extraArgs": ["--port", "1"]},
+                           health={"engineDead": {"action": "Nope"}}))
+    fields = {p.split(":")[0] for p in found}
+    assert {"spec.replicas", "spec.gpusPerReplica", "spec.image", "spec.vllm.extraArgs[0]",
+            "spec.health.engineDead.action"} <= fields
+
+
+def test_version_from_explicit_field_wins_over_tag():
+    vlmd = parse(cr(image="registry.local:5000/vllm:latest", vllmVersion="0.17.1"))
+    assert vlmd.version == Version(0, 17, 1)
+
+
+def test_version_from_tag():
+    assert parse(cr(image="vllm/vllm-openai:v0.20.2")).version == Version(0, 20, 2)
+    assert parse(cr(image="registry:5000/x/vllm:0.19.1-pool2")).version == Version(0, 19, 1)
+
+
+def test_newer_version_is_a_warning_not_an_error():
+    vlmd = parse(cr(vllmVersion="0.40.0"))
+    assert vlmd.version == Version(0, 40, 0)
+    assert any(w.startswith("spec.vllmVersion: vLLM 0.40.0 is newer") for w in vlmd.warnings)
+
+
+def test_warnings_for_risky_but_valid_specs():
+    vlmd = parse(cr(replicas=1, health={"minAvailable": 2}))
+    assert any(w.startswith("spec.health.minAvailable: 2 is more than spec.replicas (1)")
+               for w in vlmd.warnings)
+    vlmd = parse(cr(replicas=3, modelCache={"size": "10Gi"}))
+    assert any(w.startswith("spec.modelCache.accessModes") for w in vlmd.warnings)
+    vlmd = parse(cr(replicas=3, modelCache={"size": "10Gi", "accessModes": ["ReadWriteMany"]}))
+    assert vlmd.warnings == ()
+
+
+def test_secret_env_from_secret_ref_is_fine():
+    vlmd = parse(cr(vllm={"env": [{"name": "VLLM_API_KEY", "valueFrom": {
+        "secretKeyRef": {"name": "api", "key": "key"}}}]}))
+    assert vlmd.spec["vllm"]["env"][0]["name"] == "VLLM_API_KEY"
