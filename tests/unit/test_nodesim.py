@@ -1,0 +1,93 @@
+"""Pure decisions of the node simulator (the cluster-facing part is in tests/e2e)."""
+
+from __future__ import annotations
+
+import sys
+
+from vlm_testbed.nodesim import (
+    ContainerView,
+    backoff_delay,
+    default_command,
+    exit_code_of,
+    format_log_line,
+    parse_rfc3339_ns,
+    pod_phase,
+    render_log_lines,
+    resolve_env,
+    rfc3339nano,
+    should_restart,
+)
+
+
+def test_rfc3339nano_trims_like_go():
+    assert rfc3339nano(1_700_000_000_123_400_000) == "2023-11-14T22:13:20.1234Z"
+    assert rfc3339nano(1_700_000_000_000_000_000) == "2023-11-14T22:13:20Z"
+    assert parse_rfc3339_ns("2023-11-14T22:13:20.1234Z") == 1_700_000_000_123_400_000
+    assert parse_rfc3339_ns("2023-11-14T23:13:20+01:00") == 1_700_000_000_000_000_000
+
+
+def test_backoff_is_immediate_then_doubles_and_caps():
+    assert [backoff_delay(n, 10, 300) for n in range(1, 8)] == [0, 10, 20, 40, 80, 160, 300]
+
+
+def test_restart_policy():
+    assert should_restart("Always", 0) and should_restart("OnFailure", 1)
+    assert not should_restart("OnFailure", 0) and not should_restart("Never", 1)
+    assert should_restart("Always", 1, init=True) and not should_restart("Always", 0, init=True)
+    assert exit_code_of(-15) == 143 and exit_code_of(3) == 3
+
+
+def test_vllm_image_runs_the_simulator_on_the_pod_ip():
+    c = {"image": "vllm/vllm-openai:v0.11.0", "command": ["vllm", "serve"],
+         "args": ["org/m", "--port", "8000"]}
+    assert default_command(c, "127.1.2.3") == [
+        sys.executable, "-m", "vlm_testbed.vllmsim", "org/m", "--port", "8000",
+        "--host", "127.1.2.3"]
+    assert default_command({"image": "busybox", "command": ["sh", "-c", "exit 3"]}, "x") == [
+        "sh", "-c", "exit 3"]
+    assert default_command({"image": "nginx"}, "x")[0] == sys.executable
+
+
+def test_resolve_env_sources():
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"app": "a"}},
+           "spec": {"nodeName": "n"}}
+    store = {("secret", "s"): {"token": "t0k"}, ("configmap", "c"): {"A": "1", "B": "2"}}
+
+    def lookup(kind, name, key):
+        data = store.get((kind, name))
+        return data if key is None or data is None else data.get(key)
+
+    container = {"envFrom": [{"configMapRef": {"name": "c"}, "prefix": "X_"}], "env": [
+        {"name": "PLAIN", "value": "v"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+        {"name": "MISSING", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}},
+        {"name": "BOTH", "value": "$(PLAIN)-$(IP)"}]}
+    env = resolve_env(pod, container, "127.1.0.2", lookup)
+    assert env == {"X_A": "1", "X_B": "2", "PLAIN": "v", "TOKEN": "t0k", "IP": "127.1.0.2",
+                   "APP": "a", "BOTH": "v-127.1.0.2"}
+
+
+def test_render_log_lines_since_tail_timestamps():
+    base = 1_700_000_000_000_000_000
+    stored = [format_log_line(base + i * 1_000_000_000, "stdout", f"line {i}") for i in range(5)]
+    assert render_log_lines(stored, None, None, False) == [f"line {i}\n" for i in range(5)]
+    assert render_log_lines(stored, base + 3_000_000_000, None, False) == ["line 3\n", "line 4\n"]
+    assert render_log_lines(stored, None, 2, True) == [
+        "2023-11-14T22:13:23Z line 3\n", "2023-11-14T22:13:24Z line 4\n"]
+    assert render_log_lines(stored, None, 0, False) == []
+
+
+def test_pod_phase():
+    def v(**kw):
+        base = {"ever_started": True, "running": True, "will_restart": True, "last_exit": None,
+                "failed_for_good": False}
+        return ContainerView(**{**base, **kw})
+
+    assert pod_phase("Always", True, [v(ever_started=False, running=False)]) == "Pending"
+    assert pod_phase("Always", False, [v()]) == "Pending"
+    assert pod_phase("Always", True, [v(running=False, last_exit=1)]) == "Running"
+    done = {"running": False, "will_restart": False}
+    assert pod_phase("Never", True, [v(**done, last_exit=0)]) == "Succeeded"
+    assert pod_phase("Never", True, [v(**done, last_exit=2, failed_for_good=True)]) == "Failed"
