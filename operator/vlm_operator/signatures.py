@@ -41,7 +41,10 @@ What vLLM gives us, and what we rely on:
   multi-line exception messages may follow) until a vLLM header line is seen again.
 Residual risk, stated plainly: the guarantee needs the log transport to keep the `\\r` (kubelet,
 the pod log API and `kubectl logs` do; `str.splitlines()` and text-mode universal newlines do
-not: split on `\\n` only). A component outside vLLM's logging that prints attacker-controlled
+not: split on `\\n` only). For a process whose lines never carried a `\\r` (a stripping
+transport), the Scanner falls back to grouping a record by its identical header: lines with the
+header of a finished traceback are treated as its continuation, but a forged lead line there
+can then open a new block. A component outside vLLM's logging that prints attacker-controlled
 text with raw newlines to the same stream could forge whole lines; treat `engine_dead` as a
 reason to check `/health`, not as proof.
 """
@@ -457,6 +460,7 @@ class Scanner:
         self._cr: dict[tuple, bool] = {}
         self._block: dict[tuple, _Block] = {}
         self._tainted: dict[tuple, bool] = {}
+        self._seen_cr: set[tuple] = set()
         self._last_incident: dict[str, tuple[int, float | None]] = {}
         self._incidents = 0
         self._now: float | None = None
@@ -490,8 +494,14 @@ class Scanner:
         if ln.headered:
             self._tainted[key] = False
             hk = (ln.level, ln.time, ln.file, ln.lineno)
-            if continuation:
-                if block is not None and block.header == hk:
+            if ln.continued:
+                self._seen_cr.add(key)
+            same = block is not None and block.header == hk
+            if continuation or (same and key not in self._seen_cr and not (
+                    block.stage == "after" and self._is_lead(ln.message))):
+                # no-CR fallback: a stream stripped of \r (never seen for this process) groups
+                # a record by its identical header, with the weaker guarantee the docstring notes
+                if same:
                     return self._advance(key, block, ln)
                 self._block.pop(key, None)
                 return []
@@ -501,7 +511,7 @@ class Scanner:
             if det is not None:
                 det = self._assign(det)
                 out.append(det)
-            if ln.message in TRACEBACK_LEADS or _LEAD_RE.match(ln.message):
+            if self._is_lead(ln.message):
                 self._block[key] = _Block(hk, "lead", det.incident if det else 0,
                                           det.signature if det else None)
             return out
@@ -515,6 +525,10 @@ class Scanner:
         if block is not None and block.header is not None:
             self._block.pop(key, None)
         return []
+
+    @staticmethod
+    def _is_lead(message: str) -> bool:
+        return message in TRACEBACK_LEADS or _LEAD_RE.match(message) is not None
 
     def _advance(self, key: tuple, b: _Block, ln: LogLine) -> list[Detection]:
         msg = ln.message
