@@ -48,6 +48,7 @@ log = logging.getLogger("vlm_testbed.nodesim")
 SIM_LABEL = "vlm-testbed/simulated"
 GPU = "nvidia.com/gpu"
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
 CommandFor = Callable[[dict, str], list[str]]
 
 
@@ -581,7 +582,8 @@ class PodRunner:
                 continue
             try:
                 self.sim.core.patch_namespaced_pod_status(
-                    self.meta["name"], self.meta["namespace"], {"status": status})
+                    self.meta["name"], self.meta["namespace"], {"status": status},
+                    _content_type=SMP)
                 last_sent = comparable
             except ApiException as exc:
                 if exc.status == 404:
@@ -863,7 +865,8 @@ class NodeSimulator:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        self.core.patch_node_status(name, {"status": self.node_status()})
+        self.core.patch_node_status(name, {"status": self.node_status()},
+                                   _content_type=SMP)
         self._untaint(name)
         self._renew_lease(name)
 
@@ -873,7 +876,7 @@ class NodeSimulator:
         keep = [self.api.sanitize_for_serialization(t) for t in taints
                 if t.key not in NOT_READY_TAINTS]
         if len(keep) != len(taints):
-            self.core.patch_node(name, {"spec": {"taints": keep}})
+            self.core.patch_node(name, {"spec": {"taints": keep}}, _content_type=SMP)
 
     def _renew_lease(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -882,7 +885,8 @@ class NodeSimulator:
         spec = {"holderIdentity": name, "leaseDurationSeconds": 40,
                 "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
         try:
-            self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": spec})
+            self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": spec},
+                                              _content_type="application/merge-patch+json")
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -897,7 +901,8 @@ class NodeSimulator:
             for name in self.node_names:
                 try:
                     self._renew_lease(name)
-                    self.core.patch_node_status(name, {"status": self.node_status()})
+                    self.core.patch_node_status(name, {"status": self.node_status()},
+                                   _content_type=SMP)
                     self._untaint(name)
                 except ApiException as exc:
                     if exc.status == 404 and not self.stopping.is_set():
