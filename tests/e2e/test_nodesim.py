@@ -186,7 +186,7 @@ def test_logs_through_apiserver(sim, core, namespace, cluster):
     # the apiserver keeps sinceTime to the second: lines of the marker's second onwards
     since = last.split(" ", 1)[0]
     after = kubectl(cluster, "-n", namespace, "logs", "logs", f"--since-time={since}")
-    assert marker2 in after and marker not in after and "Starting vLLM server" not in after
+    assert marker2 in after and "Starting vLLM server" not in after
 
 
 def test_engine_dead_restarts_container_and_keeps_previous_log(sim, core, namespace, cluster):
