@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 "$py" -m vlm_operator.cli crd > manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml
-echo "generated manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
+"$py" -m vlm_operator.cli crd --peering > manifests/crds/kopf.dev_peerings.yaml
+echo "generated manifests/crds/"

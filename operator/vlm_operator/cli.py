@@ -75,8 +75,8 @@ def _describe(doc: object, index: int) -> str:
     return f"document {index}" + (f" ({crd.KIND} {name})" if name else "")
 
 
-def cmd_crd(_: argparse.Namespace) -> int:
-    dump_yaml([crd.get_crd()], sys.stdout)
+def cmd_crd(args: argparse.Namespace) -> int:
+    dump_yaml(crd.get_peering_crds() if args.peering else [crd.get_crd()], sys.stdout)
     return 0
 
 
@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd_cmd = sub.add_parser("crd", help="print the VLMDeployment CustomResourceDefinition",
                              description="Print the CRD; pipe it to `kubectl apply -f -`.")
+    crd_cmd.add_argument("--peering", action="store_true",
+                         help="print kopf's peering CRDs instead (needed by `run`: operator "
+                              "replicas coordinate through them)")
     crd_cmd.set_defaults(func=cmd_crd)
 
     scan = sub.add_parser(

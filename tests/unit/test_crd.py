@@ -10,6 +10,7 @@ from vlm_operator import crd
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
+PEERING = ROOT / "manifests/crds/kopf.dev_peerings.yaml"
 
 
 def walk(node, path="spec"):
@@ -80,3 +81,9 @@ def test_cli_prints_the_definition():
 def test_generated_manifest_has_not_drifted():
     assert yaml.safe_load(GENERATED.read_text()) == crd.get_crd(), (
         "manifests/crds is stale: run hack/generate.sh")
+
+
+def test_generated_peering_crds_have_not_drifted():
+    assert list(yaml.safe_load_all(PEERING.read_text())) == crd.get_peering_crds()
+    assert [c["spec"]["names"]["kind"] for c in crd.get_peering_crds()] == [
+        "ClusterKopfPeering", "KopfPeering"]

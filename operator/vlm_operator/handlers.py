@@ -1,0 +1,54 @@
+"""kopf registrations: thin; every handler hands off to the Reconciler."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator import crd
+from vlm_operator.metrics import RECONCILES
+from vlm_operator.reconciler import owner_name
+
+MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
+RESYNC_SECONDS = 60
+log = logging.getLogger(__name__)
+
+
+def _reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
+    try:
+        memo.reconciler.reconcile(namespace, name)
+    except ApiException as exc:
+        RECONCILES.labels(result="error").inc()
+        if retry and (exc.status is None or exc.status >= 500 or exc.status in (409, 429)):
+            raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+        log.warning("reconcile of %s/%s failed: %s %s", namespace, name, exc.status, exc.reason)
+        if retry:
+            raise kopf.PermanentError(f"API error {exc.status}: {exc.reason}") from exc
+    else:
+        RECONCILES.labels(result="ok").inc()
+
+
+@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL)
+def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+    _reconcile(memo, namespace, name, retry=True)
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
+def vlmd_resync(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+    _reconcile(memo, namespace, name, retry=False)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("", "v1", "services", labels=MANAGED)
+@kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED)
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels=MANAGED)
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None:
+    """A child changed or vanished: restore drift and refresh the owner's status."""
+    owner = owner_name(body)
+    if owner:
+        _reconcile(memo, namespace, owner, retry=False)

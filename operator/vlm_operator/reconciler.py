@@ -1,0 +1,105 @@
+"""One reconcile pass for a VLMDeployment: plan with the pure functions, then act through Kube.
+
+Every trigger (the resource changed, a child changed or vanished, a pod changed, the periodic
+resync) ends here, so drift is restored and status refreshed by the same code path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+
+from vlm_operator import builders, crd, status
+from vlm_operator.kube import Kube, now_iso
+from vlm_operator.spec import SpecError, parse, validate
+
+log = logging.getLogger(__name__)
+
+
+def _content(obj: dict) -> tuple:
+    meta = obj["metadata"]
+    return (obj.get("spec"), meta.get("labels"), meta.get("annotations"),
+            meta.get("ownerReferences"))
+
+
+def _changed(before: dict | None, after: dict) -> bool:
+    """Whether apply changed what we manage (status and resourceVersion churn do not count)."""
+    return before is None or _content(before) != _content(after)
+
+
+def _status_without_times(st: dict | None) -> dict:
+    st = dict(st or {})
+    st["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                        for c in st.get("conditions") or []]
+    return st
+
+
+class Reconciler:
+    def __init__(self, kube: Kube):
+        self.kube = kube
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[(namespace, name)]
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        """Bring the children in line with the spec and refresh status. Serialised per object."""
+        with self._lock(namespace, name):
+            body = self.kube.get_vlmd(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            self._reconcile(body)
+
+    def _reconcile(self, body: dict) -> None:
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        old_status = body.get("status") or {}
+        first_look = old_status.get("observedGeneration") != generation
+        problems, warnings = validate(body)
+        vlmd = None
+        if not problems:
+            try:
+                vlmd = parse(body)
+            except SpecError as exc:  # validate and parse agree; kept for safety of the loop
+                problems = exc.problems
+        if vlmd is not None:
+            self._apply_children(body, vlmd, drift=not first_look)
+            if first_look:
+                for warning in warnings:
+                    self.kube.post_event(body, status.Event("Warning", "SpecWarning", warning))
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        pods = self.kube.list_pods(namespace, builders.get_selector(name))
+        new_status = status.get_status(
+            name=name, generation=generation, old=old_status, vlmd=vlmd, problems=problems,
+            deployment=deployment, pods=pods, now=now_iso())
+        if _status_without_times(new_status) != _status_without_times(
+                {k: old_status.get(k) for k in new_status}):
+            self.kube.patch_vlmd_status(namespace, name, new_status)
+        for event in status.get_events(old_status, new_status):
+            self.kube.post_event(body, event)
+
+    def _apply_children(self, body: dict, vlmd, drift: bool) -> None:
+        for child in builders.get_children(vlmd, self.kube.pdb_api_version):
+            before, after = self.kube.apply(child)
+            if not _changed(before, after):
+                continue
+            kind, child_name = child["kind"], child["metadata"]["name"]
+            if before is None:
+                reason, verb = ("DriftRestored", "Recreated") if drift else ("Created", "Created")
+            else:
+                reason, verb = ("DriftRestored", "Restored") if drift else ("Updated", "Updated")
+            message = f"{verb} {kind} {child_name}"
+            log.info("%s/%s: %s", vlmd.namespace, vlmd.name, message)
+            self.kube.post_event(body, status.Event("Normal", reason, message))
+
+
+def owner_name(obj: dict) -> str | None:
+    """The VLMDeployment a child belongs to: its controller ownerReference, else the label."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == crd.KIND and ref.get("apiVersion", "").startswith(crd.GROUP):
+            return ref.get("name")
+    return (meta.get("labels") or {}).get("app.kubernetes.io/instance")

@@ -1,0 +1,124 @@
+"""Status and Events, decided from spec validity, the Deployment and the pods."""
+
+from vlm_operator import crd, status
+from vlm_operator.spec import parse
+
+T0, T1 = "2026-11-29T08:00:00Z", "2026-11-29T09:00:00Z"
+
+
+def vlmd(**spec):
+    return parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                  "metadata": {"name": "demo", "namespace": "ml"},
+                  "spec": {"model": "m", "vllmVersion": "0.20.2", **spec}})
+
+
+def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3,
+               progress_reason="NewReplicaSetAvailable"):
+    return {"metadata": {"name": "demo", "generation": generation},
+            "spec": {"replicas": replicas},
+            "status": {"replicas": current, "readyReplicas": ready, "updatedReplicas": updated,
+                       "observedGeneration": observed,
+                       "conditions": [{"type": "Progressing", "reason": progress_reason,
+                                       "message": "deadline"}]}}
+
+
+def pod(name, waiting=None):
+    state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
+    return {"metadata": {"name": name}, "status": {"containerStatuses": [{"state": state}]}}
+
+
+def get(old=None, obj=None, problems=(), dep=None, pods=(), now=T0, generation=4):
+    return status.get_status(name="demo", generation=generation, old=old, vlmd=obj,
+                             problems=list(problems), deployment=dep, pods=list(pods), now=now)
+
+
+def cond(st, type_):
+    return status.get_condition(st, type_)
+
+
+def test_all_ready():
+    st = get(obj=vlmd(rendererNumWorkers=4), dep=deployment())
+    assert st["replicas"] == 2 and st["readyReplicas"] == 2
+    assert st["tokenizerPoolSize"] == 5
+    assert st["vllmVersion"] == "0.20.2"
+    assert st["observedGeneration"] == 4
+    assert st["selector"] == ("app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
+                              "app.kubernetes.io/component=engine")
+    assert cond(st, "Ready")["status"] == "True"
+    assert cond(st, "Ready")["reason"] == "AllReplicasReady"
+    assert cond(st, "Progressing")["reason"] == "RolloutComplete"
+    assert cond(st, "Degraded")["status"] == "False"
+    assert cond(st, "SpecValid")["status"] == "True"
+
+
+def test_rolling_out():
+    st = get(obj=vlmd(), dep=deployment(ready=1, updated=1))
+    assert cond(st, "Ready")["status"] == "False"
+    assert cond(st, "Ready")["message"] == "1/2 replicas ready"
+    assert cond(st, "Progressing")["status"] == "True"
+    assert cond(st, "Progressing")["reason"] == "RollingOut"
+
+
+def test_rollout_not_observed_yet_is_progressing():
+    st = get(obj=vlmd(), dep=deployment(generation=4, observed=3))
+    assert cond(st, "Progressing")["status"] == "True"
+
+
+def test_progress_deadline_exceeded_degrades():
+    st = get(obj=vlmd(), dep=deployment(ready=0, progress_reason="ProgressDeadlineExceeded"))
+    assert cond(st, "Progressing")["reason"] == "ProgressDeadlineExceeded"
+    assert cond(st, "Degraded")["status"] == "True"
+
+
+def test_crash_loop_degrades_and_names_pods():
+    st = get(obj=vlmd(), dep=deployment(ready=1),
+             pods=[pod("b", "CrashLoopBackOff"), pod("a"), pod("c", "CrashLoopBackOff")])
+    degraded = cond(st, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoopBackOff"
+    assert degraded["message"] == "pods crash-looping: b, c"
+
+
+def test_no_deployment_yet():
+    st = get(obj=vlmd(), dep=None)
+    assert cond(st, "Ready")["reason"] == "NoDeployment"
+    assert cond(st, "Progressing")["status"] == "True"
+    assert st["replicas"] == 0
+
+
+def test_scaled_to_zero():
+    st = get(obj=vlmd(), dep=deployment(replicas=0, ready=0, updated=0, current=0))
+    assert cond(st, "Ready")["reason"] == "ScaledToZero"
+
+
+def test_invalid_spec_keeps_reporting_existing_children():
+    st = get(obj=None, problems=["spec.replicas: bad"], dep=deployment())
+    spec_valid = cond(st, "SpecValid")
+    assert spec_valid["status"] == "False"
+    assert spec_valid["reason"] == "InvalidSpec"
+    assert spec_valid["message"] == "spec.replicas: bad"
+    assert cond(st, "Ready")["status"] == "True"
+    assert "tokenizerPoolSize" not in st
+
+
+def test_transition_time_moves_only_on_flips():
+    first = get(obj=vlmd(), dep=deployment(ready=1), now=T0)
+    same = get(old=first, obj=vlmd(), dep=deployment(ready=1), now=T1)
+    assert cond(same, "Ready")["lastTransitionTime"] == T0
+    flipped = get(old=same, obj=vlmd(), dep=deployment(), now=T1)
+    assert cond(flipped, "Ready")["lastTransitionTime"] == T1
+    assert cond(flipped, "SpecValid")["lastTransitionTime"] == T0
+
+
+def test_events_on_transitions_only():
+    invalid = get(obj=None, problems=["spec.x: bad"], dep=None)
+    events = status.get_events({}, invalid)
+    assert status.Event("Warning", "InvalidSpec", "spec.x: bad") in events
+    assert status.get_events(invalid, get(old=invalid, obj=None, problems=["spec.x: bad"])) == []
+    ready = get(old=invalid, obj=vlmd(), dep=deployment())
+    events = status.get_events(invalid, ready)
+    reasons = {e.reason for e in events}
+    assert {"AllReplicasReady", "SpecFixed", "RolloutComplete"} <= reasons
+    assert status.get_events(ready, get(old=ready, obj=vlmd(), dep=deployment())) == []
+    crashing = get(old=ready, obj=vlmd(), dep=deployment(), pods=[pod("p", "CrashLoopBackOff")])
+    assert status.Event("Warning", "CrashLoopBackOff", "pods crash-looping: p") in \
+        status.get_events(ready, crashing)
