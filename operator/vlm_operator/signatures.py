@@ -222,11 +222,11 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("plugin_active", "info", "record", (
         _p("active", r"vlm-tokenizer-pool active: vllm=(?P<vllm_version>\S+) "
                      r"pool_size=(?P<pool_size>\d+) patched=(?P<patched>\S*)",
-           levels=("INFO",)),
+           files=("plugin.py",), levels=("INFO",)),
     )),
     Signature("plugin_inactive", "warning", "event", (
         _p("inactive", r"vlm-tokenizer-pool inactive: vllm=(?P<vllm_version>\S+) "
-                       r"reason=(?P<reason>.*)", levels=("WARNING",)),
+                       r"reason=(?P<reason>.*)", files=("plugin.py",), levels=("WARNING",)),
     )),
 )
 
