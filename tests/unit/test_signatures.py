@@ -129,6 +129,7 @@ def test_retry_near_misses(msg):
     ("ERROR", "serving.py", "RuntimeError: Already borrowed"),
     ("WARNING", "plugin.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=4 patched=x"),
     ("INFO", "plugin.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=four patched=x"),
+    ("INFO", "serving.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=4 patched=x"),
 ])
 def test_wrong_file_level_or_context_does_not_match(level, file, msg):
     line = h_017(level, file, 1, msg)
