@@ -135,13 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reconcile VLMDeployments on the cluster from the kubeconfig or the "
                     "in-cluster service account.")
     run.add_argument("-n", "--namespace", action="append", dest="namespaces", default=[],
-                     help="watch only this namespace (repeatable); default: all namespaces")
+                     help="watch only this namespace (repeatable; glob patterns such as "
+                          "'team-*' allowed); default: all namespaces")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then "
                                           "in-cluster)")
     run.add_argument("--peering", default="vlm-operator",
                      help="peering name: operator replicas with the same name never act "
                           "twice (only the highest priority one runs)")
     run.add_argument("--priority", type=int, default=0, help="peering priority")
+    run.add_argument("--standalone", action="store_true",
+                     help="no peering: for a single replica or local development only")
     run.add_argument("--liveness-port", type=int, default=8080,
                      help="port of the /healthz liveness endpoint (0 disables it)")
     run.add_argument("--metrics-port", type=int, default=9090,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 from vlm_operator import builders, crd, status
 from vlm_operator.kube import Kube, now_iso
@@ -35,9 +36,15 @@ def _status_without_times(st: dict | None) -> dict:
     return st
 
 
+# Other parts of the operator (log watching, autoscaling) contribute conditions through these:
+# called with the namespace and name of a VLMDeployment, they return status.Report items.
+ReportProvider = Callable[[str, str], list[status.Report]]
+
+
 class Reconciler:
     def __init__(self, kube: Kube):
         self.kube = kube
+        self.report_providers: list[ReportProvider] = []
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
 
@@ -72,9 +79,10 @@ class Reconciler:
                     self.kube.post_event(body, status.Event("Warning", "SpecWarning", warning))
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         pods = self.kube.list_pods(namespace, builders.get_selector(name))
+        reports = [r for provider in self.report_providers for r in provider(namespace, name)]
         new_status = status.get_status(
             name=name, generation=generation, old=old_status, vlmd=vlmd, problems=problems,
-            deployment=deployment, pods=pods, now=now_iso())
+            deployment=deployment, pods=pods, now=now_iso(), reports=reports)
         if _status_without_times(new_status) != _status_without_times(
                 {k: old_status.get(k) for k in new_status}):
             self.kube.patch_vlmd_status(namespace, name, new_status)

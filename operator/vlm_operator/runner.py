@@ -8,6 +8,7 @@ import os
 
 import kopf
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from vlm_operator.kube import Kube
@@ -24,10 +25,35 @@ def _api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
+def ensure_peering(api: client.ApiClient, name: str, namespaces: list[str]) -> None:
+    """kopf only coordinates replicas through a peering object that exists: create it."""
+    custom = client.CustomObjectsApi(api)
+    body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
+    exact = [ns for ns in namespaces if not any(ch in ns for ch in "*?[")]
+    if exact != namespaces:
+        logging.getLogger(__name__).warning(
+            "namespace patterns given: create the KopfPeering %r in the namespaces they match "
+            "yourself, or replicas may act twice", name)
+    if namespaces:
+        creates = [lambda ns=ns: custom.create_namespaced_custom_object(
+            "kopf.dev", "v1", ns, "kopfpeerings", {**body, "kind": "KopfPeering"})
+            for ns in exact]
+    else:
+        creates = [lambda: custom.create_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", {**body, "kind": "ClusterKopfPeering"})]
+    for create in creates:
+        try:
+            create()
+        except ApiException as exc:
+            if exc.status != 409:  # 409: it exists already
+                raise
+
+
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
     settings.peering.name = args.peering
     settings.peering.priority = args.priority
-    settings.peering.mandatory = True
+    settings.peering.mandatory = not args.standalone
+    settings.peering.standalone = args.standalone
     settings.peering.clusterwide = not args.namespaces
     # Our own Events say what happened; kopf's per-handler ones would only add noise.
     settings.posting.level = logging.WARNING
@@ -51,12 +77,15 @@ def run(args: argparse.Namespace) -> int:
     @kopf.on.startup()
     def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         configure(settings, args)
-        memo.reconciler = Reconciler(Kube(_api_client()))
+        api = _api_client()
+        if not args.standalone:
+            ensure_peering(api, args.peering, args.namespaces)
+        memo.reconciler = Reconciler(Kube(api))
         if args.metrics_port:
             start_http_server(args.metrics_port)
 
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(clusterwide=not args.namespaces, namespaces=args.namespaces,
-             peering_name=args.peering, priority=args.priority, liveness_endpoint=liveness,
-             memo=kopf.Memo())
+             standalone=args.standalone, peering_name=None if args.standalone else args.peering,
+             priority=args.priority, liveness_endpoint=liveness, memo=kopf.Memo())
     return 0

@@ -12,6 +12,19 @@ from vlm_operator import builders
 from vlm_operator.spec import VLMDeployment
 
 
+class Report(NamedTuple):
+    """A condition contributed by another part of the operator (log watching, autoscaling).
+
+    A Degraded=True report wins over the Deployment-derived Degraded=False; other types are set
+    as given.
+    """
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
 class Event(NamedTuple):
     type: str  # Normal | Warning
     reason: str
@@ -45,7 +58,8 @@ def _waiting_reason(pod: dict) -> str | None:
 
 def get_status(*, name: str, generation: int | None, old: dict | None,
                vlmd: VLMDeployment | None, problems: list[str],
-               deployment: dict | None, pods: list[dict], now: str) -> dict:
+               deployment: dict | None, pods: list[dict], now: str,
+               reports: list[Report] = ()) -> dict:
     """Status from the spec's validity, the Deployment's rollout and the pods' states.
 
     With an invalid spec the children are left as they are, so their readiness is still reported.
@@ -105,8 +119,14 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     elif progress_c[1] == "ProgressDeadlineExceeded":
         degraded_c = ("True", "ProgressDeadlineExceeded", progress_c[2])
     else:
-        degraded_c = ("False", "AsExpected", "no problem detected")
+        degraded_c = next(((r.status, r.reason, r.message) for r in reports
+                           if r.type == "Degraded" and r.status == "True"),
+                          ("False", "AsExpected", "no problem detected"))
     conditions = set_condition(conditions, "Degraded", *degraded_c, now, generation)
+    for report in reports:
+        if report.type != "Degraded":
+            conditions = set_condition(conditions, report.type, report.status, report.reason,
+                                       report.message, now, generation)
     status["conditions"] = conditions
     return status
 

@@ -27,9 +27,10 @@ def pod(name, waiting=None):
     return {"metadata": {"name": name}, "status": {"containerStatuses": [{"state": state}]}}
 
 
-def get(old=None, obj=None, problems=(), dep=None, pods=(), now=T0, generation=4):
+def get(old=None, obj=None, problems=(), dep=None, pods=(), now=T0, generation=4, reports=()):
     return status.get_status(name="demo", generation=generation, old=old, vlmd=obj,
-                             problems=list(problems), deployment=dep, pods=list(pods), now=now)
+                             problems=list(problems), deployment=dep, pods=list(pods), now=now,
+                             reports=list(reports))
 
 
 def cond(st, type_):
@@ -122,3 +123,17 @@ def test_events_on_transitions_only():
     crashing = get(old=ready, obj=vlmd(), dep=deployment(), pods=[pod("p", "CrashLoopBackOff")])
     assert status.Event("Warning", "CrashLoopBackOff", "pods crash-looping: p") in \
         status.get_events(ready, crashing)
+
+
+def test_reports_from_other_parts():
+    reports = [status.Report("Degraded", "True", "RestartBudgetExhausted", "6 restarts in 1h"),
+               status.Report("ScalingLimited", "True", "InsufficientGPUs", "wanted 4, got 2")]
+    st = get(obj=vlmd(), dep=deployment(), reports=reports)
+    assert cond(st, "Degraded")["reason"] == "RestartBudgetExhausted"
+    assert cond(st, "ScalingLimited")["message"] == "wanted 4, got 2"
+    crashing = get(obj=vlmd(), dep=deployment(), pods=[pod("p", "CrashLoopBackOff")],
+                   reports=reports)
+    assert cond(crashing, "Degraded")["reason"] == "CrashLoopBackOff"
+    fine = get(obj=vlmd(), dep=deployment(),
+               reports=[status.Report("Degraded", "False", "X", "y")])
+    assert cond(fine, "Degraded")["reason"] == "AsExpected"

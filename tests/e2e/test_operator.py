@@ -1,0 +1,302 @@
+"""The operator against a real apiserver, controller-manager and scheduler; only nodes simulated."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator import crd
+from vlm_testbed.nodesim import NodeSimulator
+from vlm_testbed.operator_process import OperatorProcess
+
+SESSION_NS_PREFIX = "e2e-op-"
+
+
+def wait_for(what, fn, timeout=60.0, interval=0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            last = None
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def api(cluster):
+    with cluster.api_client() as api_client:
+        ext = client.ApiextensionsV1Api(api_client)
+        for definition in crd.get_peering_crds():
+            try:
+                ext.create_custom_resource_definition(definition)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        yield api_client
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, api):
+    """One operator for the session, watching only namespaces named e2e-op-*."""
+    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*")
+    with proc:
+        yield proc
+    print(proc.log()[-3000:])
+
+
+def make_namespace(api, prefix):
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for("default service account",
+             lambda: core.read_namespaced_service_account("default", name).secrets)
+    return name
+
+
+@pytest.fixture
+def ns(api, operator):
+    name = make_namespace(api, SESSION_NS_PREFIX)
+    yield name
+    client.CoreV1Api(api).delete_namespace(name)
+
+
+def cr(name, **spec):
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": "vllm/vllm-openai:v0.20.2",
+                     **spec}}
+
+
+def custom(api):
+    return client.CustomObjectsApi(api)
+
+
+def create(api, ns, body):
+    return custom(api).create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
+                                                       body)
+
+
+def get_cr(api, ns, name):
+    return custom(api).get_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
+
+
+def patch_cr(api, ns, name, spec):
+    return custom(api).patch_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
+                                                      name, {"spec": spec})
+
+
+def condition(obj, type_):
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return None
+
+
+def events(api, ns, name, reason=None):
+    items = client.CoreV1Api(api).list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name}").items
+    return [e for e in items if reason is None or e.reason == reason]
+
+
+def deployment(api, ns, name):
+    return client.AppsV1Api(api).read_namespaced_deployment(name, ns)
+
+
+def container_args(dep):
+    return dep.spec.template.spec.containers[0].args
+
+
+def test_create_builds_owned_children_and_status(api, ns):
+    body = create(api, ns, cr("alpha", rendererNumWorkers=3))
+    uid = body["metadata"]["uid"]
+    dep = wait_for("deployment", lambda: deployment(api, ns, "alpha"))
+    args = container_args(dep)
+    assert args[0] == "Qwen/Qwen2-VL-2B-Instruct"
+    assert args[args.index("--renderer-num-workers") + 1] == "3"
+    env = {e.name: e.value for e in dep.spec.template.spec.containers[0].env}
+    assert env["VLM_TOKENIZER_POOL_SIZE"] == "4"
+    assert dep.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    svc = client.CoreV1Api(api).read_namespaced_service("alpha", ns)
+    policy = client.PolicyV1beta1Api(api)
+    pdb = wait_for("pdb", lambda: policy.read_namespaced_pod_disruption_budget("alpha", ns))
+    for child in (dep, svc, pdb):
+        (ref,) = child.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("VLMDeployment", "alpha", uid,
+                                                                 True)
+    obj = wait_for("status", lambda: (o := get_cr(api, ns, "alpha")).get("status", {}).get(
+        "tokenizerPoolSize") and o)
+    assert obj["status"]["tokenizerPoolSize"] == 4
+    assert obj["status"]["vllmVersion"] == "0.20.2"
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert obj["status"]["selector"] == (
+        "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=alpha,"
+        "app.kubernetes.io/component=engine")
+    assert condition(obj, "SpecValid")["status"] == "True"
+    assert condition(obj, "Ready")["status"] == "False"  # no node: pods stay Pending
+    created = wait_for("Created events", lambda: len(events(api, ns, "alpha", "Created")) >= 3
+                       and events(api, ns, "alpha", "Created"))
+    assert {e.message for e in created} >= {"Created Deployment alpha", "Created Service alpha",
+                                            "Created PodDisruptionBudget alpha"}
+
+
+def test_update_rolls_the_deployment(api, ns):
+    create(api, ns, cr("beta"))
+    wait_for("deployment", lambda: deployment(api, ns, "beta"))
+    patch_cr(api, ns, "beta", {"rendererNumWorkers": 6, "vllm": {"extraArgs": ["--enforce-eager"]},
+                               "replicas": 2})
+    dep = wait_for("rolled deployment", lambda: (d := deployment(api, ns, "beta")).spec.replicas
+                   == 2 and "--enforce-eager" in container_args(d) and d)
+    args = container_args(dep)
+    assert args[args.index("--renderer-num-workers") + 1] == "6"
+    obj = wait_for("pool size", lambda: (o := get_cr(api, ns, "beta"))["status"].get(
+        "tokenizerPoolSize") == 7 and o)
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert wait_for("Updated event", lambda: events(api, ns, "beta", "Updated"))
+
+
+def test_delete_garbage_collects_children(api, ns):
+    create(api, ns, cr("gamma"))
+    wait_for("deployment", lambda: deployment(api, ns, "gamma"))
+    custom(api).delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, "gamma")
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    wait_for("children gone", lambda: not apps.list_namespaced_deployment(ns).items
+             and not core.list_namespaced_service(ns).items, timeout=60)
+
+
+def test_drift_is_restored(api, ns):
+    create(api, ns, cr("delta"))
+    wait_for("deployment", lambda: deployment(api, ns, "delta"))
+    wait_for("status", lambda: get_cr(api, ns, "delta").get("status", {}).get(
+        "observedGeneration"))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    old_uid = core.read_namespaced_service("delta", ns).metadata.uid
+    core.delete_namespaced_service("delta", ns)
+    svc = wait_for("service recreated", lambda: (s := core.read_namespaced_service("delta", ns))
+                   .metadata.uid != old_uid and s)
+    assert svc.spec.ports[0].port == 8000
+    apps.patch_namespaced_deployment("delta", ns, {"spec": {"replicas": 5, "template": {
+        "spec": {"containers": [{"name": "vllm", "args": ["hijacked"]}]}}}})
+    wait_for("deployment restored", lambda: (d := deployment(api, ns, "delta")).spec.replicas == 1
+             and container_args(d)[0] == "Qwen/Qwen2-VL-2B-Instruct")
+    assert wait_for("DriftRestored events", lambda: events(api, ns, "delta", "DriftRestored"))
+
+
+def test_schema_invalid_is_rejected_by_the_apiserver(api, ns):
+    with pytest.raises(ApiException) as info:
+        create(api, ns, cr("eps", replicas=-1, rendererNumWorkers=99,
+                           health={"engineDead": {"action": "Reboot"}}))
+    assert info.value.status == 422
+    body = info.value.body
+    assert "spec.replicas" in body and "spec.rendererNumWorkers" in body
+    assert "spec.health.engineDead.action" in body
+
+
+def test_semantic_invalid_sets_condition_and_touches_nothing(api, ns):
+    create(api, ns, cr("zeta", gpusPerReplica=1, vllm={"tensorParallelSize": 4}))
+    obj = wait_for("SpecValid=False", lambda: (o := get_cr(api, ns, "zeta")) and
+                   (c := condition(o, "SpecValid")) and c["status"] == "False" and o)
+    assert "spec.vllm.tensorParallelSize: 4 is larger than spec.gpusPerReplica (1)" in \
+        condition(obj, "SpecValid")["message"]
+    warning = wait_for("InvalidSpec event", lambda: events(api, ns, "zeta", "InvalidSpec"))
+    assert warning[0].type == "Warning"
+    time.sleep(2)
+    assert client.AppsV1Api(api).list_namespaced_deployment(ns).items == []
+    patch_cr(api, ns, "zeta", {"gpusPerReplica": 4})
+    wait_for("deployment after fix", lambda: deployment(api, ns, "zeta"))
+    assert wait_for("SpecFixed event", lambda: events(api, ns, "zeta", "SpecFixed"))
+
+
+def test_scale_subresource(api, ns, cluster):
+    create(api, ns, cr("eta"))
+    wait_for("selector", lambda: get_cr(api, ns, "eta").get("status", {}).get("selector"))
+    subprocess.run([str(cluster.kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", ns,
+                    "scale", "vlmd", "eta", "--replicas", "3"], check=True, capture_output=True)
+    assert get_cr(api, ns, "eta")["spec"]["replicas"] == 3
+    wait_for("deployment scaled", lambda: deployment(api, ns, "eta").spec.replicas == 3)
+    scale = custom(api).get_namespaced_custom_object_scale(crd.GROUP, crd.VERSION, ns,
+                                                           crd.PLURAL, "eta")
+    assert scale["spec"]["replicas"] == 3
+    assert scale["status"]["selector"].startswith("app.kubernetes.io/name=vllm")
+
+
+def test_ready_with_simulated_gpu_nodes_and_kubectl_columns(api, ns, cluster):
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
+                       name_prefix=f"sim-{ns}"):
+        create(api, ns, cr("theta", replicas=2, rendererNumWorkers=4))
+        obj = wait_for("Ready=True", lambda: (o := get_cr(api, ns, "theta")) and
+                       (c := condition(o, "Ready")) and c["status"] == "True" and o, timeout=90)
+        assert obj["status"]["readyReplicas"] == 2
+        assert condition(obj, "Progressing")["reason"] == "RolloutComplete"
+        out = subprocess.run([str(cluster.kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n",
+                              ns, "get", "vlmd"], check=True, capture_output=True,
+                             text=True).stdout
+        header, row = out.splitlines()[:2]
+        assert header.split()[:6] == ["NAME", "MODEL", "DESIRED", "READY", "POOL", "VLLM"]
+        assert row.split()[:7] == ["theta", "Qwen/Qwen2-VL-2B-Instruct", "2", "2", "5", "0.20.2",
+                                   "AllReplicasReady"]
+        assert wait_for("Ready event", lambda: events(api, ns, "theta", "AllReplicasReady"))
+        custom(api).delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
+                                                    "theta")
+        wait_for("pods gone", lambda: not client.CoreV1Api(api).list_namespaced_pod(ns).items,
+                 timeout=90)
+
+
+# -- operator restarts and replicas: these run their own operators in their own namespaces
+
+def created_events(api, ns, name):
+    return sorted(e.message for e in events(api, ns, name, "Created"))
+
+
+def test_restart_mid_way_resumes_without_duplicate_work(api, cluster):
+    ns = make_namespace(api, "e2e-solo-")
+    try:
+        first = OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "solo").start()
+        create(api, ns, cr("iota"))
+        first.stop()  # possibly before it handled the resource
+        create(api, ns, cr("kappa"))  # created while no operator runs
+        with OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "solo"):
+            for name in ("iota", "kappa"):
+                wait_for(f"{name} status", lambda n=name: get_cr(api, ns, n).get("status", {}).get(
+                    "observedGeneration"))
+            before = {n: deployment(api, ns, n).metadata.generation for n in ("iota", "kappa")}
+            time.sleep(3)
+        with OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "solo"):
+            time.sleep(5)  # a third start resumes both objects
+            for name in ("iota", "kappa"):
+                assert created_events(api, ns, name) == [
+                    f"Created Deployment {name}", f"Created PodDisruptionBudget {name}",
+                    f"Created Service {name}"]
+                assert deployment(api, ns, name).metadata.generation == before[name]
+    finally:
+        client.CoreV1Api(api).delete_namespace(ns)
+
+
+def test_two_operator_replicas_never_act_twice(api, cluster):
+    ns = make_namespace(api, "e2e-solo-")
+    try:
+        with OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "pair",
+                             "--priority", "10") as high, \
+                OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "pair",
+                                "--priority", "5") as low:
+            wait_for("low replica pauses", lambda: "Pausing operations" in low.log(), timeout=30)
+            for i in range(3):
+                create(api, ns, cr(f"pair-{i}"))
+            for i in range(3):
+                wait_for("status", lambda i=i: get_cr(api, ns, f"pair-{i}").get("status", {}).get(
+                    "observedGeneration"))
+            time.sleep(3)
+            for i in range(3):
+                assert len(created_events(api, ns, f"pair-{i}")) == 3
+            assert "pair-0" in high.log() and "pair-0" not in low.log()
+    finally:
+        client.CoreV1Api(api).delete_namespace(ns)
