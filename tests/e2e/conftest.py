@@ -126,3 +126,48 @@ def namespace(cluster: Cluster) -> Iterator[str]:
             yield name
         finally:
             core.delete_namespace(name)
+
+
+# -- the operator under test (shared by the e2e modules)
+
+@pytest.fixture(scope="session")
+def api(cluster: Cluster) -> Iterator[Any]:
+    """An ApiClient on the cluster, with kopf's peering CRDs installed."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from vlm_operator import crd
+
+    with cluster.api_client() as api_client:
+        ext = client.ApiextensionsV1Api(api_client)
+        for definition in crd.get_peering_crds():
+            try:
+                ext.create_custom_resource_definition(definition)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        yield api_client
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, api: Any) -> Iterator[Any]:
+    """One operator process for the session, watching only namespaces named e2e-op-*."""
+    from kube_helpers import SESSION_NS_PREFIX
+
+    from vlm_testbed.operator_process import OperatorProcess
+
+    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*")
+    with proc:
+        yield proc
+    print(proc.log()[-3000:])
+
+
+@pytest.fixture
+def ns(api: Any, operator: Any) -> Iterator[str]:
+    """A fresh namespace the session operator watches, deleted afterwards."""
+    from kube_helpers import SESSION_NS_PREFIX, make_namespace
+    from kubernetes import client
+
+    name = make_namespace(api, SESSION_NS_PREFIX)
+    yield name
+    client.CoreV1Api(api).delete_namespace(name)

@@ -4,116 +4,28 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 
 import pytest
+from kube_helpers import (
+    condition,
+    container_args,
+    cr,
+    create,
+    custom,
+    delete_cr,
+    deployment,
+    events,
+    get_cr,
+    make_namespace,
+    patch_cr,
+    wait_for,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
-
-SESSION_NS_PREFIX = "e2e-op-"
-
-
-def wait_for(what, fn, timeout=60.0, interval=0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            last = None
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
-
-
-@pytest.fixture(scope="session")
-def api(cluster):
-    with cluster.api_client() as api_client:
-        ext = client.ApiextensionsV1Api(api_client)
-        for definition in crd.get_peering_crds():
-            try:
-                ext.create_custom_resource_definition(definition)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        yield api_client
-
-
-@pytest.fixture(scope="session")
-def operator(cluster, api):
-    """One operator for the session, watching only namespaces named e2e-op-*."""
-    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*")
-    with proc:
-        yield proc
-    print(proc.log()[-3000:])
-
-
-def make_namespace(api, prefix):
-    name = f"{prefix}{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for("default service account",
-             lambda: core.read_namespaced_service_account("default", name).secrets)
-    return name
-
-
-@pytest.fixture
-def ns(api, operator):
-    name = make_namespace(api, SESSION_NS_PREFIX)
-    yield name
-    client.CoreV1Api(api).delete_namespace(name)
-
-
-def cr(name, **spec):
-    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
-            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": "vllm/vllm-openai:v0.20.2",
-                     **spec}}
-
-
-def custom(api):
-    return client.CustomObjectsApi(api)
-
-
-def create(api, ns, body):
-    return custom(api).create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
-                                                       body)
-
-
-def get_cr(api, ns, name):
-    return custom(api).get_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
-
-
-def patch_cr(api, ns, name, spec):
-    return custom(api).patch_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
-                                                      name, {"spec": spec})
-
-
-def condition(obj, type_):
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c["type"] == type_:
-            return c
-    return None
-
-
-def events(api, ns, name, reason=None):
-    items = client.CoreV1Api(api).list_namespaced_event(
-        ns, field_selector=f"involvedObject.name={name}").items
-    return [e for e in items if reason is None or e.reason == reason]
-
-
-def deployment(api, ns, name):
-    return client.AppsV1Api(api).read_namespaced_deployment(name, ns)
-
-
-def container_args(dep):
-    return dep.spec.template.spec.containers[0].args
 
 
 def test_create_builds_owned_children_and_status(api, ns):
@@ -167,7 +79,7 @@ def test_update_rolls_the_deployment(api, ns):
 def test_delete_garbage_collects_children(api, ns):
     create(api, ns, cr("gamma"))
     wait_for("deployment", lambda: deployment(api, ns, "gamma"))
-    custom(api).delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, "gamma")
+    delete_cr(api, ns, "gamma")
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     wait_for("children gone", lambda: not apps.list_namespaced_deployment(ns).items
              and not core.list_namespaced_service(ns).items, timeout=60)
@@ -245,8 +157,7 @@ def test_ready_with_simulated_gpu_nodes_and_kubectl_columns(api, ns, cluster):
         assert row.split()[:7] == ["theta", "Qwen/Qwen2-VL-2B-Instruct", "2", "2", "5", "0.20.2",
                                    "AllReplicasReady"]
         assert wait_for("Ready event", lambda: events(api, ns, "theta", "AllReplicasReady"))
-        custom(api).delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
-                                                    "theta")
+        delete_cr(api, ns, "theta")
         wait_for("pods gone", lambda: not client.CoreV1Api(api).list_namespaced_pod(ns).items,
                  timeout=90)
 
