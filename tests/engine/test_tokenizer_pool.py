@@ -8,11 +8,17 @@ the harness reproduces the bug, then that the wrapped tokenizer never shows it.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import copy
 import gc
+import os
 import pickle
+import queue
 import threading
 import time
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -315,6 +321,32 @@ def test_any_text_round_trips_like_the_original(plain, reference, text, setting,
     assert tok.decode(got[0], skip_special_tokens=skip_special) == reference.decode(
         got[0], skip_special_tokens=skip_special
     )
+
+
+VLLM_HF = (
+    Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"))
+    / "vllm-src/0.24.0/vllm/tokenizers/hf.py"
+)
+
+
+@pytest.mark.skipif(not VLLM_HF.exists(), reason="run hack/tokenizer-envs.sh (vllm-src)")
+def test_a_tokenizer_pooled_by_vllm_is_rewrapped_with_a_bounded_pool(plain, reference):
+    """vLLM's own maybe_make_thread_pool (real 0.24.0 source), then ours on top."""
+    tree = ast.parse(VLLM_HF.read_text())
+    keep = {"ThreadSafeHFTokenizerMixin", "maybe_make_thread_pool"}
+    tree.body = [n for n in tree.body if getattr(n, "name", None) in keep]
+    ns = {"contextlib": contextlib, "copy": copy, "queue": queue, "_T": TypeVar("_T")}
+    ns["PreTrainedTokenizerFast"] = transformers.PreTrainedTokenizerFast
+    exec(compile(tree, str(VLLM_HF), "exec"), ns)
+    base_cls = type(plain)
+    vllm_pooled = ns["maybe_make_thread_pool"](plain, 2)
+    assert type(vllm_pooled).__name__.startswith("TokenizerPool")
+    tok = make_thread_safe(vllm_pooled, 2)
+    assert tok is plain and is_thread_safe(tok)
+    assert type(tok).__mro__[1] is base_cls  # vLLM's pool class is gone
+    assert tok(SHORT, **SETTINGS[1])["input_ids"] == reference(SHORT, **SETTINGS[1])["input_ids"]
+    clone = pickle.loads(pickle.dumps(tok))
+    assert is_thread_safe(clone) and clone.encode(SHORT[0]) == reference.encode(SHORT[0])
 
 
 def test_pool_size_from_env(monkeypatch):
