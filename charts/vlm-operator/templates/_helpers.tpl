@@ -1,0 +1,121 @@
+{{- define "vlm-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "vlm-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vlm-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vlm-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "vlm-operator.labels" -}}
+{{ include "vlm-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: vlm-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "vlm-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "vlm-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vlm-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/*
+What the operator does inside a watched namespace, read off the code:
+- vlmdeployments: kopf lists/watches them and patches finalizers and its progress annotations;
+  kube.py reads them and patches /status; autoscalers (HPA, KEDA) use /scale, which the operator
+  itself only reads.
+- deployments, services, poddisruptionbudgets, persistentvolumeclaims: kopf watches the managed
+  ones; kube.py reads them and server-side applies them (patch; create when missing). Deletion
+  is left to the garbage collector through ownerReferences.
+- pods: kopf watches; kube.py lists; remediation deletes a pod (Restart) or relabels it out of
+  the Service (ScaleDown: patch); pods/log is streamed for failure signatures.
+- events: kube.py and kopf post Events (create).
+- kopfpeerings: kopf's peering heartbeats (patch) and runner.py creates the object.
+*/}}
+{{- define "vlm-operator.namespacedRules" -}}
+- apiGroups: ["serving.vlm-operator.dev"]
+  resources: ["vlmdeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["serving.vlm-operator.dev"]
+  resources: ["vlmdeployments/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["serving.vlm-operator.dev"]
+  resources: ["vlmdeployments/scale"]
+  verbs: ["get"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.rbac.hpa }}
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.keda }}
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
+{{- if not .Values.peering.standalone }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch", "create"]
+{{- end }}
+{{- end -}}
+
+{{/*
+Cluster-scoped reads, needed in every mode:
+- customresourcedefinitions: kopf scans and watches them to find its resources.
+- nodes (rbac.nodes): free nvidia.com/gpu capacity for autoscaling decisions.
+- namespaces (namespaced mode only): kopf lists/watches them to start per-namespace watches.
+- clusterkopfpeerings (cluster-wide mode only): kopf's peering object.
+*/}}
+{{- define "vlm-operator.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.rbac.nodes }}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- else if not .Values.peering.standalone }}
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch", "create"]
+{{- end }}
+{{- end -}}
