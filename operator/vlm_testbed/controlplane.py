@@ -215,13 +215,13 @@ def patch_reflect2(tree: Path) -> None:
 
 
 def _find_outputs(tree: Path) -> dict[str, Path]:
+    # Not a recursive glob: _output/local/go/src links back to the whole tree.
+    out = tree / "_output" / "local" / "bin" / "linux" / "amd64"
     found: dict[str, Path] = {}
     for b in BINARIES:
-        hits = sorted(glob.glob(str(tree / "_output" / "**" / b), recursive=True))
-        hits = [h for h in hits if os.path.isfile(h) and os.access(h, os.X_OK)]
-        if not hits:
-            raise ControlPlaneError(f"build finished but {b} not found under {tree}/_output")
-        found[b] = Path(hits[0])
+        if not os.access(out / b, os.X_OK):
+            raise ControlPlaneError(f"build finished but {out / b} is missing")
+        found[b] = out / b
     return found
 
 
@@ -229,6 +229,7 @@ def _install_binaries(outputs: dict[str, Path], dest: Path) -> None:
     """Copy into a temp sibling, write the marker, then rename: only a full set is visible."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    os.chmod(tmp, 0o755)
     manifest = {"version": K8S_VERSION, "built_at": time.time(), "files": {}}
     for name, src in outputs.items():
         shutil.copy2(src, tmp / name)
@@ -529,6 +530,7 @@ class ControlPlane:
         self.server: str | None = None
         self.ca: CertAuthority | None = None
         self.ports: dict[str, int] = {}
+        self.start_seconds: float | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -616,7 +618,11 @@ class ControlPlane:
         pki = rd / "pki"
         pki.mkdir(exist_ok=True)
         ca = self.ca = CertAuthority(pki)
-        p = self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "cm", "sched")}
+        names = ("etcd", "etcd-peer", "apiserver", "cm", "sched")
+        ports: set[int] = set()
+        while len(ports) < len(names):
+            ports.add(free_port())
+        p = self.ports = dict(zip(names, sorted(ports), strict=True))
         self.server = f"https://127.0.0.1:{p['apiserver']}"
 
         shm = Path("/dev/shm")  # etcd fsyncs a lot; tmpfs keeps it fast when big enough
