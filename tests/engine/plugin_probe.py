@@ -1,0 +1,144 @@
+"""Run inside a vLLM venv (one fresh process per scenario, by test_plugin_vllm.py).
+
+Loads the plugin through vLLM's own plugin loader (our entry point), builds vLLM's real input
+processor the way AsyncLLM does in the installed version, finds every tokenizer object it uses
+(prompt tokenizer, multimodal processor tokenizer(s), the HF processor's tokenizer) and prints
+one JSON report on the last stdout line. vLLM's log lines go to stdout/stderr as in production.
+
+Usage: python plugin_probe.py MODEL_DIR [--fake-version V]
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _pool_size(tok: object) -> int | None:
+    from vllm_tokenizer_pool import pool
+
+    state = getattr(tok, "__dict__", {}).get(pool._POOL_ATTR)
+    return None if state is None else state.size
+
+
+def _describe(tok: object, plain_ids: list[int]) -> dict:
+    from vllm_tokenizer_pool import is_thread_safe
+
+    return {
+        "id": id(tok),
+        "cls": type(tok).__name__,
+        "pooled": is_thread_safe(tok),
+        "size": _pool_size(tok),
+        "encodes_like_plain": tok("a picture of a dog")["input_ids"] == plain_ids,
+    }
+
+
+def _ident(fn: object) -> dict:
+    return {"id": hex(id(fn)), "ours": bool(getattr(fn, "__vlm_tokenizer_pool__", False))}
+
+
+def _patched_targets() -> dict[str, dict]:
+    """Every patchable vLLM callable: its identity (a second register() must change nothing)
+    and whether it is one of the plugin's wrappers."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("vllm."):
+            continue
+        for attr in ("maybe_make_thread_pool",):
+            fn = mod.__dict__.get(attr)
+            if fn is not None:
+                out[f"{name}.{attr}"] = _ident(fn)
+        for cls_name in (
+            "InputProcessingContext",
+            "InputPreprocessor",
+            "HfRenderer",
+            "BaseRenderer",
+        ):
+            cls = mod.__dict__.get(cls_name)
+            if isinstance(cls, type) and cls.__module__ == name:
+                out[f"{name}.{cls_name}.__init__"] = _ident(cls.__init__)
+    return out
+
+
+def build_input_processor(model_dir: str, renderer_workers: int):
+    """vLLM's engine-side input processor, built the way AsyncLLM builds it in this version."""
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+
+    kwargs = {"model": model_dir, "dtype": "float32", "max_model_len": 256}
+    if "renderer_num_workers" in getattr(ModelConfig, "__dataclass_fields__", {}):
+        kwargs["renderer_num_workers"] = renderer_workers
+    # device "cpu": with the plain vllm wheel (CUDA build) and no GPU, "auto" cannot infer one.
+    vllm_config = VllmConfig(model_config=ModelConfig(**kwargs), device_config=DeviceConfig("cpu"))
+    try:
+        from vllm.v1.engine.input_processor import InputProcessor
+    except ImportError:  # 0.11
+        from vllm.v1.engine.processor import Processor as InputProcessor
+    if "tokenizer" in inspect.signature(InputProcessor.__init__).parameters:  # 0.11 - 0.14
+        try:
+            from vllm.transformers_utils.tokenizer import init_tokenizer_from_configs as make
+        except ImportError:
+            from vllm.tokenizers import cached_tokenizer_from_config as make
+        return InputProcessor(vllm_config, make(vllm_config.model_config))
+    return InputProcessor(vllm_config)
+
+
+def mm_processors(ip) -> list:
+    renderer = getattr(ip, "renderer", None)
+    if renderer is not None and hasattr(renderer, "get_mm_processor"):  # 0.17+
+        procs = [renderer.get_mm_processor()]
+        readonly = getattr(renderer, "_readonly_mm_processor", None)  # 0.20
+        return procs + ([readonly] if readonly is not None else [])
+    return [ip.input_preprocessor._get_mm_processor()]  # 0.11 - 0.16
+
+
+def main() -> None:
+    model_dir = sys.argv[1]
+    fake = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--fake-version" else None
+    import vllm
+
+    if fake is not None:
+        vllm.__version__ = fake
+    from vllm.plugins import load_general_plugins
+
+    from vllm_tokenizer_pool import plugin
+
+    load_general_plugins()  # discovers our entry point, as every vLLM process does
+    before = _patched_targets()
+    plugin.register()  # twice more: must be a no-op
+    plugin.register()
+    report: dict = {
+        "version": vllm.__version__,
+        "second_register_noop": before == _patched_targets(),
+    }
+    if fake is not None:
+        report["targets"] = before
+        print(json.dumps(report))
+        return
+
+    from transformers import AutoTokenizer
+
+    plain_ids = AutoTokenizer.from_pretrained(model_dir)("a picture of a dog")["input_ids"]
+    ip = build_input_processor(model_dir, renderer_workers=3)
+    prompt_tok = ip.input_preprocessor.tokenizer
+    procs = mm_processors(ip)
+    report["prompt"] = _describe(prompt_tok, plain_ids)
+    report["mm"] = [_describe(p.info.ctx.tokenizer, plain_ids) for p in procs]
+    hf_processor = procs[0].info.get_hf_processor()
+    report["hf_processor"] = _describe(hf_processor.tokenizer, plain_ids)
+    image = np.zeros((32, 32, 3), dtype=np.uint8)
+    out = hf_processor(text="<image>\nwhat is this?", images=[image], return_tensors="np")
+    report["hf_processor_call_ok"] = "pixel_values" in out
+    clone = pickle.loads(pickle.dumps(prompt_tok))
+    report["pickled"] = None if clone is None else _describe(clone, plain_ids)
+    report["targets"] = _patched_targets()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()

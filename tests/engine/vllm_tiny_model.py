@@ -1,0 +1,209 @@
+"""Build tiny local model directories that vLLM's own factories accept (no hub download).
+
+A byte-level BPE tokenizer trained with the `tokenizers` library on a few sentences, the
+Qwen2-VL special tokens plus `<image>` and a chat template, and either a LLaVA config (multimodal:
+vLLM builds a real multimodal processor and HF processor for it) or a Llama config with
+random safetensors weights (for `vllm serve`). head_dim is 64 (vLLM's CPU backend needs >= 64).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+QWEN2_VL_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<image>",
+]  # fmt: skip
+IMAGE_TOKEN = "<image>"
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>\n"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A picture is worth a thousand words; describe this image please.",
+    "Tokenizers are shared between threads in the vLLM API server.",
+    "What is in the image? A cat, a dog and 42 birds.",
+] * 20
+
+
+def write_tokenizer(path: Path, vocab_size: int = 600) -> None:
+    """A byte-level BPE tokenizer with the Qwen2-VL special tokens, saved as a fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN2_VL_SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    added = {
+        str(tok.token_to_id(t)): {
+            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True,
+        }
+        for t in QWEN2_VL_SPECIAL
+    }  # fmt: skip
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 4096,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "unk_token": None,
+        "added_tokens_decoder": added,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    (path / "special_tokens_map.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    )
+
+
+def _ids(path: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return {t: tok.token_to_id(t) for t in QWEN2_VL_SPECIAL} | {"vocab": tok.get_vocab_size()}
+
+
+def write_llava(path: Path) -> Path:
+    """Config, tokenizer and processor files of a tiny LLaVA (no weights: never loaded).
+
+    LLaVA rather than Qwen2-VL: its HF processor (CLIP image processor + tokenizer) needs no
+    torchvision, which does not import beside the CPU torch these venvs use.
+    """
+    write_tokenizer(path)
+    ids = _ids(path)
+    vocab = ((ids["vocab"] + 63) // 64) * 64
+    text = {
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 2048,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+    }
+    vision = {
+        "model_type": "clip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 1,
+        "num_hidden_layers": 1,
+        "image_size": 28,
+        "patch_size": 14,
+        "projection_dim": 64,
+    }
+    config = {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "image_token_index": ids[IMAGE_TOKEN],
+        "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "text_config": text,
+        "vision_config": vision,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": False,
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    image_processor = {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": 28},
+        "do_center_crop": True,
+        "crop_size": {"height": 28, "width": 28},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+    (path / "preprocessor_config.json").write_text(json.dumps(image_processor, indent=1))
+    processor = {
+        "processor_class": "LlavaProcessor",
+        "patch_size": 14,
+        "vision_feature_select_strategy": "default",
+        "num_additional_image_tokens": 1,
+        "image_token": IMAGE_TOKEN,
+    }
+    (path / "processor_config.json").write_text(json.dumps(processor, indent=1))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
+    return path
+
+
+def write_llama(path: Path) -> Path:
+    """A tiny Llama with random safetensors weights that `vllm serve` can load on a CPU."""
+    import torch
+    from safetensors.torch import save_file
+
+    write_tokenizer(path)
+    ids = _ids(path)
+    vocab = ((ids["vocab"] + 63) // 64) * 64
+    hidden, inter, layers, heads = 128, 256, 2, 2
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": hidden // heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "vocab_size": vocab,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    weights = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "self_attn.q_proj.weight": rand(hidden, hidden),
+            p + "self_attn.k_proj.weight": rand(hidden, hidden),
+            p + "self_attn.v_proj.weight": rand(hidden, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, hidden),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+        }
+    save_file(weights, str(path / "model.safetensors"))
+    return path
