@@ -213,19 +213,22 @@ def run_point(strategy, vocab, threads, seconds, copies, varied) -> dict:
                     decode(ids)
             except Exception as e:
                 counts["errors"] += 1
-                kind = f"{type(e).__name__}: {e}"[:60]
+                kind = f"{type(e).__name__}: {str(e).split(' on data=')[0]}"
+                kind += f" (from {e.__cause__!r})" if e.__cause__ else ""
                 error_kinds[kind] = error_kinds.get(kind, 0) + 1
             if not stop.is_set():
                 lat.append(time.perf_counter() - t)
             k += 1
 
     stall = [0.0]
+    last_beat = [time.perf_counter()]
 
     def heartbeat() -> None:
         while not stop.is_set():
-            t = time.perf_counter()
             time.sleep(0.005)
-            stall[0] = max(stall[0], time.perf_counter() - t - 0.005)
+            now = time.perf_counter()
+            stall[0] = max(stall[0], now - last_beat[0] - 0.005)
+            last_beat[0] = now
 
     for n in range(threads):
         threading.Thread(target=worker, args=(n,), daemon=True).start()
@@ -235,8 +238,9 @@ def run_point(strategy, vocab, threads, seconds, copies, varied) -> dict:
     time.sleep(seconds)
     stop.set()
     elapsed = time.perf_counter() - t_start
+    stall[0] = max(stall[0], time.perf_counter() - last_beat[0] - 0.005)  # a starved heartbeat
     done = sorted(lat)
-    q = statistics.quantiles(done, n=100) if len(done) >= 2 else [float("nan")] * 99
+    q = statistics.quantiles(done, n=100) if len(done) >= 2 else [None] * 99
     return {
         "strategy": strategy,
         "vocab": vocab,
@@ -246,8 +250,8 @@ def run_point(strategy, vocab, threads, seconds, copies, varied) -> dict:
         "seconds": round(elapsed, 2),
         "calls": len(done),
         "throughput_per_s": round(len(done) / elapsed, 1),
-        "p50_ms": round(q[49] * 1000, 2),
-        "p99_ms": round(q[98] * 1000, 2),
+        "p50_ms": None if q[49] is None else round(q[49] * 1000, 2),
+        "p99_ms": None if q[98] is None else round(q[98] * 1000, 2),
         "errors": counts["errors"],
         "error_kinds": error_kinds,
         "wrong": counts["wrong"],

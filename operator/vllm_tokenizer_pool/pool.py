@@ -18,13 +18,18 @@ At most ``copies + 1`` tokenizers are alive: the copies and the original, whose 
 is only used for attribute/property reads, which hold the GIL.
 
 Why not copies keyed by truncation/padding settings (same-setting threads sharing one copy never
-call a setter, so they never collide on 0.22 and are correct on 0.23's rwlock)? Measured in
-bench/tokenizer_pool.py (results in bench/results/tokenizer-pool.md): on 2 cores the keyed scheme
-is no faster than this pool (the Rust encode is the bottleneck in both), its number of copies is
-the number of distinct settings seen (vLLM truncates to per-request lengths, so it is unbounded
-unless evicted), and its correctness rests on transformers' private "compare then set" logic in
-``set_truncation_and_padding``, which changes between 4.x and 5.x. The pool is correct by
-construction and bounded by ``copies``.
+call a setter, so they never collide on 0.22 and are correct on 0.23's rwlock)? Measured with
+bench/tokenizer_pool.py (bench/results/tokenizer-pool.md, 2 shared cores, 2 copies for the pool):
+- steady state, 8k vocabulary, 5 settings: the keyed scheme did 1020-1400 calls/s against the
+  pool's 1325-1760 (pool 1.1-1.5x faster: unbounded same-copy concurrency only adds GIL and
+  Rust thread contention on 2 cores), with 6 tokenizers alive instead of 3;
+- 48 distinct max_length values (vLLM truncates per request): keyed grew to 50 tokenizers and
+  ~200 MB, at 570-610 calls/s, against the pool's 3 tokenizers, ~10 MB, 1370-1850 calls/s;
+- 151k vocabulary: every new key deep-copies on the hot path (seconds with the GIL held), so the
+  keyed scheme did 0-20 calls/s in 3 s windows and +460-590 MB;
+- its correctness relies on transformers' private "compare, then set" logic in
+  ``set_truncation_and_padding``, which differs between 4.x and 5.x.
+The pool is correct by construction and bounded by ``copies``.
 
 Mutations after wrapping:
 - Propagated (applied to the original and every copy while holding all copies, so no call runs
@@ -239,8 +244,9 @@ def make_thread_safe(tokenizer: _T, copies: int) -> _T:
 def borrow(tokenizer: _T) -> Iterator[_T]:
     """Hold one private copy of a wrapped tokenizer for several consecutive calls.
 
-    The copy must not be mutated and must not escape the ``with`` block. For a tokenizer that
-    is not wrapped, yields the tokenizer itself.
+    The copy must not be mutated and must not escape the ``with`` block. Inside the block use
+    the copy, not the wrapped tokenizer: its calls (and mutations) may wait for this very copy.
+    For a tokenizer that is not wrapped, yields the tokenizer itself.
     """
     pool: _Pool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
     if pool is None:
