@@ -13,6 +13,9 @@ Images containing `vllm` run `python -m vlm_testbed.vllmsim` with the container'
 `serve` (pass `command_for=` to run something else, e.g. a real `vllm serve`); other images run
 their command if it exists on this machine, else an idle process.
 
+Pods get loopback IPs (127.x.y.z, one per pod): EndpointSlices accept them, but core/v1
+Endpoints validation rejects loopback addresses, so Services' Endpoints stay empty.
+
 Usage: python -m vlm_testbed.nodesim --kubeconfig K --nodes N --gpus-per-node G
 """
 
