@@ -9,7 +9,7 @@ import copy
 import json
 from typing import Any
 
-from vlm_operator import crd, versions
+from vlm_operator import autoscaling_builders, crd, versions
 from vlm_operator.spec import POOL_SIZE_ENV, VLMDeployment
 
 PORT = 8000
@@ -262,8 +262,14 @@ def get_pvc(vlmd: VLMDeployment) -> dict | None:
             "metadata": _metadata(vlmd, get_pvc_name(vlmd)), "spec": spec}
 
 
-def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1") -> list[dict]:
-    """Every object the VLMDeployment owns, in the order they should be applied."""
+def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1",
+                 hpa_api_version: str = "autoscaling/v2", keda: bool = True) -> list[dict]:
+    """Every object the VLMDeployment owns, in the order they should be applied.
+
+    `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none).
+    """
     pvc = get_pvc(vlmd)
+    scaling = autoscaling_builders.get_autoscaling_children(
+        vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda)
     return [*([pvc] if pvc else []), get_deployment(vlmd), get_service(vlmd),
-            get_pdb(vlmd, pdb_api_version)]
+            get_pdb(vlmd, pdb_api_version), *scaling]

@@ -211,6 +211,11 @@ def _spec() -> s.Schema:
                                        default="vllm:num_requests_waiting", min_length=1),
                     "target": s.number("Target value of the metric per replica.",
                                        default=5, minimum=0),
+                    "multimodalWeight": s.number(
+                        "Builtin mode: extra load of one image, in requests: a request carrying "
+                        "k images counts as 1 + k * multimodalWeight. Images per request are "
+                        "observed per pod from vllm:mm_cache_queries_total over "
+                        "vllm:request_success_total.", default=1, minimum=0, maximum=100),
                     "scaleDownDelaySeconds": s.integer(
                         "How long load must stay low before replicas are removed.",
                         default=300, minimum=0, maximum=86400),

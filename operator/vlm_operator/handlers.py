@@ -8,11 +8,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
+from vlm_operator.autoscaler import is_builtin
 from vlm_operator.metrics import RECONCILES
 from vlm_operator.reconciler import owner_name
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
 RESYNC_SECONDS = 60
+AUTOSCALE_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -40,6 +42,17 @@ def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
 @kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
 def vlmd_resync(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
     _reconcile(memo, namespace, name, retry=False)
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=AUTOSCALE_SECONDS,
+            when=lambda spec, **_: is_builtin(spec))
+def vlmd_autoscale(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    """Builtin autoscaling round; failures are logged and the next round tries again."""
+    try:
+        memo.autoscaler.tick(body)
+    except Exception:  # a timer that raises is retried with kopf's back-off
+        log.exception("autoscaling round of %s/%s failed", body["metadata"]["namespace"],
+                      body["metadata"]["name"])
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)

@@ -7,7 +7,9 @@ pure and this stays small.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import time
 from functools import cached_property
 
 from kubernetes import client
@@ -26,8 +28,11 @@ _PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Pod": "pods",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "ScaledObject": "scaledobjects",
     crd.KIND: crd.PLURAL,
 }
+KEDA_RECHECK_SECONDS = 30
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -51,10 +56,15 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        return self.api.call_api(
-            path, method, query_params=query or [], header_params=headers, body=body,
-            response_type="object", auth_settings=["BearerToken"],
-            _return_http_data_only=True, _preload_content=True)
+        # kubernetes >= 31 (openapi-generator 7): serialize, call, then raise on non-2xx here
+        params = self.api.param_serialize(method, path, query_params=query or [],
+                                          header_params=headers, body=body,
+                                          auth_settings=["BearerToken"])
+        response = self.api.call_api(*params)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data) if response.data else {}
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         try:
@@ -93,6 +103,55 @@ class Kube:
         versions = self._call("GET", "/apis/policy").get("versions", [])
         return "policy/v1" if any(v.get("version") == "v1" for v in versions) \
             else "policy/v1beta1"
+
+    @cached_property
+    def hpa_api_version(self) -> str:
+        """autoscaling/v2 where served (Kubernetes 1.23+), else autoscaling/v2beta2."""
+        versions = self._call("GET", "/apis/autoscaling").get("versions", [])
+        return "autoscaling/v2" if any(v.get("version") == "v2" for v in versions) \
+            else "autoscaling/v2beta2"
+
+    def keda_served(self) -> bool:
+        """Whether keda.sh/v1alpha1 ScaledObjects are served; rechecked every 30 s, since
+        KEDA can be installed while the operator runs."""
+        now = time.monotonic()
+        cached = getattr(self, "_keda", None)
+        if cached is None or now - cached[1] > KEDA_RECHECK_SECONDS:
+            try:
+                resources = self._call("GET", "/apis/keda.sh/v1alpha1").get("resources", [])
+                served = any(r.get("name") == "scaledobjects" for r in resources)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                served = False
+            cached = self._keda = (served, now)
+        return cached[0]
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete an object; False when it did not exist."""
+        try:
+            self._call("DELETE", object_path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def list_cluster(self, path: str, selector: str | None = None) -> list[dict]:
+        """Items of a cluster-wide list, e.g. /api/v1/nodes or /api/v1/pods."""
+        query = [("labelSelector", selector)] if selector else []
+        return self._call("GET", path, query=query).get("items", [])
+
+    def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        self._call("PATCH", object_path("v1", "Pod", namespace, name),
+                   body={"metadata": {"labels": labels}},
+                   content_type="application/merge-patch+json")
+
+    def scale_vlmd(self, namespace: str, name: str, replicas: int) -> None:
+        """Write spec.replicas through the scale subresource, as HPA and kubectl scale do."""
+        path = object_path(crd.API_VERSION, crd.KIND, namespace, name) + "/scale"
+        self._call("PATCH", path, body={"spec": {"replicas": replicas}},
+                   content_type="application/merge-patch+json")
 
     def post_event(self, involved: dict, event: Event) -> None:
         """Record an Event on `involved`; a failure to post is logged, never raised."""

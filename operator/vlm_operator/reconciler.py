@@ -11,7 +11,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 
-from vlm_operator import builders, crd, status
+from vlm_operator import autoscaling_builders, builders, crd, status
 from vlm_operator.kube import Kube, now_iso
 from vlm_operator.spec import SpecError, parse, validate
 
@@ -90,7 +90,14 @@ class Reconciler:
             self.kube.post_event(body, event)
 
     def _apply_children(self, body: dict, vlmd, drift: bool) -> None:
-        for child in builders.get_children(vlmd, self.kube.pdb_api_version):
+        hpa_version = self.kube.hpa_api_version
+        keda = self.kube.keda_served()
+        for api_version, kind, child_name in autoscaling_builders.get_unwanted(
+                vlmd, hpa_version, keda):
+            if self.kube.delete(api_version, kind, vlmd.namespace, child_name):
+                self.kube.post_event(body, status.Event("Normal", "Deleted",
+                                                        f"Deleted {kind} {child_name}"))
+        for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda):
             before, after = self.kube.apply(child)
             if not _changed(before, after):
                 continue

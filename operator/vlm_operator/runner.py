@@ -11,6 +11,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
+from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.kube import Kube
 from vlm_operator.reconciler import Reconciler
 
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.standalone:
             ensure_peering(api, args.peering, args.namespaces)
         memo.reconciler = Reconciler(Kube(api))
+        memo.autoscaler = Autoscaler(memo.reconciler.kube)
+        memo.reconciler.report_providers += [memo.autoscaler.reports,
+                                             memo.autoscaler.mode_reports]
         if args.metrics_port:
             start_http_server(args.metrics_port)
 

@@ -1,0 +1,262 @@
+"""Builtin autoscaling decisions, the GPU budget, victims, and the HPA/KEDA children."""
+
+import random
+
+import pytest
+
+from vlm_operator import autoscaling as a
+from vlm_operator import autoscaling_builders as ab
+from vlm_operator import builders
+from vlm_operator.spec import parse
+
+POLICY = a.Policy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=60,
+                  multimodal_weight=1.0)
+
+
+def pods(*waiting, state=a.READY, kv=0.0, ipr=0.0):
+    return [a.PodSample(f"p{i}", state=state, metric=w, kv_cache=kv, images_per_request=ipr,
+                        busy=w) for i, w in enumerate(waiting)]
+
+
+def run(trace, current=1, policy=POLICY, step=1.0, start=0.0):
+    """Feed (pods) per second; apply every decision at once. Returns (replicas, decisions)."""
+    history, out = (), []
+    for i, sample in enumerate(trace):
+        d = a.decide(sample, current, history, start + i * step, policy)
+        history = d.history
+        out.append(d)
+        current = d.desired
+    return current, out
+
+
+# ---------------------------------------------------------------- load and need
+
+def test_need_is_weighted_metric_over_target_or_kv_pressure():
+    assert a.load_need(pods(10, 0), POLICY) == 2.0
+    assert a.load_need(pods(5, ipr=2.0), POLICY) == 3.0  # 1 + 1.0 * 2 images per request
+    assert a.load_need(pods(0, 0, kv=0.8), POLICY) == 2.0  # busy without a queue
+    assert a.load_need(pods(1, state=a.LOADING), POLICY) is None
+
+
+@pytest.mark.parametrize("prev,cur,last,expected", [
+    (None, (10, 5), 0.3, 0.3),  # first scrape: keep what we knew
+    ((10, 5), (20, 25), 0.0, 2.0),  # 10 requests, 20 images
+    ((10, 5), (10, 5), 1.5, 1.5),  # nothing finished
+    ((10, 5), (2, 1), 1.5, 1.5),  # counters reset (pod restarted)
+])
+def test_images_per_request(prev, cur, last, expected):
+    assert a.images_per_request(prev, cur, last) == expected
+
+
+def test_multimodal_load_scales_further_than_the_same_text_load():
+    text, _ = run([pods(10)] * 5)
+    images, _ = run([pods(10, ipr=1.0)] * 5)
+    assert (text, images) == (2, 4)
+
+
+# ---------------------------------------------------------------- decisions
+
+def test_load_step_scales_up_within_two_rounds():
+    current, ds = run([pods(0)] * 10 + [pods(20)] * 3)
+    assert [d.desired for d in ds[-3:]] == [1, 4, 4]
+    assert ds[-2].reason == "ScaleUp" and current == 4
+
+
+def test_single_spike_does_not_scale_up():
+    current, ds = run([pods(0)] * 10 + [pods(40)] + [pods(0)] * 10)
+    assert current == 1 and {d.reason for d in ds} == {"WithinTarget"}
+
+
+def test_scale_down_waits_for_the_delay_then_goes_to_what_the_peak_needs():
+    loaded = [pods(10, 10, 10, 10)] * 5  # need 8 -> 8 replicas
+    idle = [pods(1, 1, 1, 1)] * 70  # need 0.8
+    current, ds = run(loaded + idle, current=4)
+    reasons = [d.reason for d in ds]
+    assert ds[4].desired == 8
+    first_down = reasons.index("ScaleDown")
+    assert first_down >= 5 + 60  # not before scaleDownDelaySeconds of low load
+    assert "ScaleDownDelayed" in reasons[5:first_down]
+    assert current == 1
+
+
+def test_zero_delay_scales_down_at_once():
+    policy = a.Policy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=0)
+    current, _ = run([pods(0, 0, 0)] * 2, current=3, policy=policy)
+    assert current == 1
+
+
+def test_no_scale_down_right_after_operator_start():
+    current, ds = run([pods(0, 0, 0)] * 30, current=3)  # 30 s observed < 60 s delay
+    assert current == 3 and ds[-1].reason == "ScaleDownDelayed"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_steady_noisy_load_changes_replicas_only_at_the_start(seed):
+    rng = random.Random(seed)
+    trace = [pods(*(max(0.0, rng.gauss(4, 2)) for _ in range(3))) for _ in range(600)]
+    _, ds = run(trace, current=3, policy=a.Policy(1, 10, 5, 300))
+    changes = [i for i in range(1, len(ds)) if ds[i].desired != ds[i - 1].desired]
+    assert all(i < 60 for i in changes), changes
+
+
+def test_bounds():
+    policy = a.Policy(min_replicas=2, max_replicas=3, target=5, scale_down_delay_s=0)
+    assert a.decide(pods(0), 1, (), 0, policy).reason == "BelowMinReplicas"
+    assert a.decide(pods(0), 1, (), 0, policy).desired == 2
+    assert a.decide(pods(0), 5, (), 0, policy).desired == 3
+    d = a.decide(pods(100, 100, 100), 3, (), 0, policy)
+    assert (d.desired, d.reason) == (3, "AtMaxReplicas")
+    _, ds = run([pods(100, 100)] * 3, current=2, policy=policy)
+    assert max(d.desired for d in ds) == 3
+    _, ds = run([pods(0, 0, 0)] * 3, current=3, policy=policy)
+    assert min(d.desired for d in ds) == 2
+
+
+def test_loading_pods_count_as_capacity_on_the_way():
+    # 4 replicas asked for: 1 ready with need 4, 3 still loading -> no further scale-up
+    sample = pods(20) + pods(0, 0, 0, state=a.LOADING)
+    current, ds = run([sample] * 20, current=4)
+    assert current == 4 and {d.reason for d in ds} == {"WithinTarget"}
+
+
+def test_no_ready_pod_holds():
+    d = a.decide(pods(0, state=a.LOADING), 2, (), 0, POLICY)
+    assert (d.desired, d.reason, d.need) == (2, "NoMetrics", None)
+
+
+def test_history_is_trimmed():
+    _, ds = run([pods(0)] * 500, policy=a.Policy(1, 2, 5, 60))
+    assert len(ds[-1].history) <= a.keep_seconds(a.Policy(1, 2, 5, 60)) + 1
+
+
+# ---------------------------------------------------------------- GPU budget
+
+def node(name, gpus, ready=True, unschedulable=False):
+    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                       "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def pod(node_name, gpus, phase="Running"):
+    return {"spec": {"nodeName": node_name, "containers": [
+        {"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}, {"resources": {}}]},
+        "status": {"phase": phase}}
+
+
+def test_free_gpus():
+    nodes = [node("a", 4), node("b", 8, ready=False), node("c", 2, unschedulable=True)]
+    assert a.free_gpus(nodes, []) == 4
+    assert a.free_gpus(nodes, [pod("a", 1), pod("a", 2), pod("b", 8), pod(None, 4),
+                               pod("a", 1, "Succeeded")]) == 1
+    assert a.free_gpus(nodes, [pod("a", 3), pod("a", 3)]) == 0
+
+
+def claim(name, prio, desired, current=1, bound=1, gpus=1):
+    return a.Claim(("ns", name), prio, gpus, current, bound, desired)
+
+
+def test_share_gpus_by_priority():
+    claims = [claim("low", 0, 4), claim("high", 10, 4)]
+    assert a.share_gpus(3, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
+    assert a.share_gpus(5, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
+
+
+def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
+    # `big` already asked for 3 (1 bound): its 2 pending pods take the free GPUs first
+    claims = [claim("big", 5, 5, current=3, bound=1, gpus=2), claim("small", 0, 2)]
+    assert a.share_gpus(4, claims) == {("ns", "big"): 3, ("ns", "small"): 1}
+    assert a.share_gpus(9, claims) == {("ns", "big"): 5, ("ns", "small"): 2}
+    assert a.share_gpus(8, claims) == {("ns", "big"): 5, ("ns", "small"): 1}
+
+
+def test_share_gpus_never_blocks_scale_down_or_hold():
+    assert a.share_gpus(0, [claim("x", 0, 1, current=3, bound=3)]) == {("ns", "x"): 1}
+    assert a.share_gpus(0, [claim("x", 0, 3, current=3, bound=1)]) == {("ns", "x"): 3}
+
+
+# ---------------------------------------------------------------- graceful scale-down
+
+def test_victim_order_failing_unbound_loading_idle_newest():
+    ps = [a.PodSample("busy", busy=5, created=1), a.PodSample("idle-old", busy=0, created=1),
+          a.PodSample("idle-new", busy=0, created=2), a.PodSample("loading", state=a.LOADING),
+          a.PodSample("pending", state=a.PENDING),
+          a.PodSample("failing", busy=9, failing=True)]
+    assert [p.name for p in a.victim_order(ps)] == [
+        "failing", "pending", "loading", "idle-new", "idle-old", "busy"]
+
+
+def test_plan_scale_down_drains_then_deletes():
+    ps = [a.PodSample("a", busy=3), a.PodSample("b", busy=1), a.PodSample("c", busy=2)]
+    plan = a.plan_scale_down(ps, 2, 3, {}, 0)
+    assert plan == a.DrainPlan(["b"], [], [])
+    plan = a.plan_scale_down(ps, 2, 3, {"b": 0}, 5)  # still busy
+    assert plan == a.DrainPlan([], [], [])
+    drained = [a.PodSample("a", busy=3), a.PodSample("b", busy=0), a.PodSample("c", busy=2)]
+    assert a.plan_scale_down(drained, 2, 3, {"b": 0}, 6) == a.DrainPlan([], [], ["b"])
+    assert a.plan_scale_down(ps, 2, 3, {"b": 0}, a.DRAIN_TIMEOUT_S).delete == ["b"]
+
+
+def test_plan_scale_down_puts_pods_back_when_load_returns():
+    ps = [a.PodSample("a", busy=3), a.PodSample("b", busy=1), a.PodSample("c", busy=2)]
+    assert a.plan_scale_down(ps, 3, 3, {"b": 0}, 1) == a.DrainPlan([], ["b"], [])
+    assert a.plan_scale_down(ps, 2, 3, {"b": 0, "c": 1}, 2) == a.DrainPlan([], ["c"], [])
+    assert a.plan_scale_down(ps, 3, 3, {"gone": 0}, 1) == a.DrainPlan([], [], [])
+
+
+# ---------------------------------------------------------------- HPA and KEDA children
+
+def vlmd(**autoscaling):
+    return parse({"apiVersion": "serving.vlm-operator.dev/v1alpha1", "kind": "VLMDeployment",
+                  "metadata": {"name": "demo", "namespace": "team", "uid": "u1"},
+                  "spec": {"model": "m", "image": "vllm/vllm-openai:v0.20.2",
+                           "autoscaling": autoscaling}})
+
+
+def test_hpa_targets_the_vlmdeployment_on_a_pods_metric():
+    obj = vlmd(enabled=True, mode="HPA", minReplicas=0, maxReplicas=4, target=2.5,
+               scaleDownDelaySeconds=120)
+    children = builders.get_children(obj, hpa_api_version="autoscaling/v2beta2")
+    hpa = children[-1]
+    assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2beta2", "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "serving.vlm-operator.dev/v1alpha1",
+                                             "kind": "VLMDeployment", "name": "demo"}
+    assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 4
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "vllm_num_requests_waiting"},
+        "target": {"type": "AverageValue", "averageValue": "2500m"}}}]
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
+    assert hpa["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert builders.get_children(obj)[-1]["apiVersion"] == "autoscaling/v2"
+    assert ab.get_unwanted(obj, "autoscaling/v2", True) == [
+        ("keda.sh/v1alpha1", "ScaledObject", "demo")]
+
+
+def test_scaled_object_and_missing_keda():
+    obj = vlmd(enabled=True, mode="KEDA", maxReplicas=3,
+               prometheus={"serverAddress": "http://prom:9090"})
+    so = builders.get_children(obj)[-1]
+    assert (so["apiVersion"], so["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"] == {
+        "serverAddress": "http://prom:9090", "threshold": "5",
+        "query": 'sum(vllm:num_requests_waiting{namespace="team",'
+                 'pod=~"demo-[a-z0-9]+-[a-z0-9]+"})'}
+    assert [c["kind"] for c in builders.get_children(obj, keda=False)] == [
+        "Deployment", "Service", "PodDisruptionBudget"]
+    assert ab.get_unwanted(obj, "autoscaling/v2", True) == [
+        ("autoscaling/v2", "HorizontalPodAutoscaler", "demo")]
+    custom = vlmd(enabled=True, mode="KEDA",
+                  prometheus={"serverAddress": "http://p", "query": "sum(x)"})
+    assert builders.get_children(custom)[-1]["spec"]["triggers"][0]["metadata"]["query"] == \
+        "sum(x)"
+
+
+@pytest.mark.parametrize("scaling", [{}, {"enabled": True}, {"enabled": False, "mode": "HPA"}])
+def test_builtin_or_off_has_no_autoscaling_children(scaling):
+    obj = vlmd(**scaling)
+    assert [c["kind"] for c in builders.get_children(obj)] == [
+        "Deployment", "Service", "PodDisruptionBudget"]
+    assert {k for _, k, _ in ab.get_unwanted(obj, "autoscaling/v2", True)} == {
+        "HorizontalPodAutoscaler", "ScaledObject"}
