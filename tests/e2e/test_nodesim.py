@@ -142,10 +142,12 @@ def test_deployment_becomes_ready_and_serves_metrics(sim, core, namespace):
 
 
 def test_logs_through_apiserver(sim, core, namespace, cluster):
-    core.create_namespaced_pod(namespace, pod_manifest("logs", sim, [vllm_container()]))
+    pool = vllm_container(env={"VLM_TOKENIZER_POOL_SIZE": "2"})
+    core.create_namespaced_pod(namespace, pod_manifest("logs", sim, [pool]))
     st = ready_pod(core, namespace, "logs")
     ip = st["podIP"]
     out = kubectl(cluster, "-n", namespace, "logs", "logs")
+    assert "vlm-tokenizer-pool active: vllm=0.32.0 pool_size=2 patched=" in out
     assert re.search(r"\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[entry\.py:\d+\] "
                      r"Starting vLLM server on http://127\.", out)
     stamped = kubectl(cluster, "-n", namespace, "logs", "logs", "--timestamps", "--tail", "3")
@@ -299,3 +301,26 @@ def test_gpu_capacity_leaves_extra_pod_pending(sim, core, namespace):
                                     if c["type"] == "PodScheduled")
     nodes = {core.read_namespaced_pod(n, namespace).spec.node_name for n in running}
     assert nodes == set(sim.node_names)
+
+
+def test_hang_fails_readiness_then_liveness_restarts(sim, core, namespace):
+    liveness = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1,
+                "timeoutSeconds": 1, "failureThreshold": 3}
+    c = vllm_container(livenessProbe=liveness)
+    core.create_namespaced_pod(namespace, pod_manifest("hangs", sim, [c]))
+    ip = ready_pod(core, namespace, "hangs")["podIP"]
+    http(f"http://{ip}:8000/sim/fault", {"fault": "hang"})
+
+    def not_ready():
+        cs = pod_status(core, namespace, "hangs")["containerStatuses"][0]
+        return cs if not cs["ready"] else None
+
+    wait_for(not_ready, "readiness failure")
+
+    def restarted():
+        cs = pod_status(core, namespace, "hangs")["containerStatuses"][0]
+        return cs if cs["restartCount"] >= 1 else None
+
+    cs = wait_for(restarted, "liveness restart")
+    assert "terminated" in cs["lastState"]
+    ready_pod(core, namespace, "hangs")
