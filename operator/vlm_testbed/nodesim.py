@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import datetime as dt
 import http.server
 import itertools
@@ -255,6 +256,15 @@ class Instance:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+_prctl = getattr(ctypes.CDLL(None), "prctl", None)  # looked up before any fork
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the simulator dies without cleaning up."""
+    if _prctl is not None:
+        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 class Container:
     """Runs one container of a pod as a local process: restarts, probes, logs."""
 
@@ -347,7 +357,8 @@ class Container:
             env = self.pod.container_env(self.spec)
             inst.proc = subprocess.Popen(
                 argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_die_with_parent)
         except Exception as exc:  # any start failure is the container's error
             log.warning("cannot start %s/%s: %s", self.pod.key, self.name, exc)
             inst.started_ns = time.time_ns()
