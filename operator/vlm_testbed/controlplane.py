@@ -566,18 +566,19 @@ class ControlPlane:
         try:
             self._start_all()
         except BaseException:
-            self.stop()
+            self.stop(keep_logs=True)
+            print(f"control plane failed to start; logs kept in {self.run_dir}", file=sys.stderr)
             raise
         self.start_seconds = time.monotonic() - t0
         return self
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool = False) -> None:
         """Stop our processes in reverse start order (terminate, then kill); clean temp dirs."""
         for name in reversed(list(self.procs)):
             _kill_group(self.procs[name])
         if self._etcd_data:
             shutil.rmtree(self._etcd_data, ignore_errors=True)
-        if self._own_run_dir and self.run_dir:
+        if self._own_run_dir and self.run_dir and not keep_logs:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- internals --------------------------------------------------------------------------
@@ -729,9 +730,21 @@ def _pid_alive(pid: int, needle: str) -> bool:
         return False
 
 
+ALREADY_UP = 3  # exit code of a supervisor that found another one holding the state dir
+
+
 def _up_foreground(manifests: list[str], with_project_crd: bool) -> int:
     sd = state_dir()
     sd.mkdir(parents=True, exist_ok=True)
+    # One supervisor per state dir, held for its whole life: a second `up` must not wipe
+    # the run dir of one that is still starting.
+    lock = open(sd / "up.lock", "w")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"another control plane is up or starting for {sd}", file=sys.stderr)
+        return ALREADY_UP
+    print(f"supervisor pid {os.getpid()}", flush=True)
     run = sd / "run"
     shutil.rmtree(run, ignore_errors=True)
     items: list[Any] = list(manifests)
@@ -755,7 +768,8 @@ def _up_foreground(manifests: list[str], with_project_crd: bool) -> int:
             "run_dir": str(run), "kubectl": str(cp.kubectl) if cp.kubectl else None,
             "components": {n: pr.pid for n, pr in cp.procs.items()},
         }
-        (sd / "state.json").write_text(json.dumps(state, indent=1))
+        (sd / "state.json.tmp").write_text(json.dumps(state, indent=1))
+        (sd / "state.json.tmp").rename(sd / "state.json")  # readers never see half a file
         (sd / "kubeconfig").unlink(missing_ok=True)
         (sd / "kubeconfig").symlink_to(cp.kubeconfig)
         (sd / "pid").write_text(str(os.getpid()))
@@ -784,17 +798,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _up_foreground(args.manifest, args.with_project_crd)
     sd = state_dir()
     sd.mkdir(parents=True, exist_ok=True)
-    (sd / "state.json").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "vlm_testbed.controlplane", "up", "--foreground"]
     cmd += [f"--manifest={m}" for m in args.manifest]
     if args.with_project_crd:
         cmd.append("--with-project-crd")
-    with open(sd / "up.log", "wb") as log:
+    with open(sd / "up.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + args.timeout
-    while not (sd / "state.json").is_file():
-        if proc.poll() is not None or time.monotonic() > deadline:
+    told = False
+    while True:
+        st = _read_state()
+        if st and _pid_alive(st["pid"], "vlm_testbed.controlplane"):
+            break
+        rc = proc.poll()
+        if rc == ALREADY_UP and not told:
+            print("another `up` holds this state dir; waiting for it to be ready", flush=True)
+            told = True
+        failed = rc is not None and rc != ALREADY_UP
+        if failed or time.monotonic() > deadline:
             _kill_group(proc)
             print(f"control plane failed to start; {sd / 'up.log'}:\n{tail(sd / 'up.log')}",
                   file=sys.stderr)
