@@ -137,8 +137,9 @@ def _resources(vlmd: VLMDeployment) -> dict:
     gpus = vlmd.spec["gpusPerReplica"]
     user = copy.deepcopy(vlmd.spec.get("resources") or {})
     return {
-        "requests": {**user.get("requests", {}), GPU_RESOURCE: gpus},
-        "limits": {**user.get("limits", {}), GPU_RESOURCE: gpus},
+        # a quantity string: server-side apply (1.20) rejects a bare integer with a 500
+        "requests": {**user.get("requests", {}), GPU_RESOURCE: str(gpus)},
+        "limits": {**user.get("limits", {}), GPU_RESOURCE: str(gpus)},
     }
 
 

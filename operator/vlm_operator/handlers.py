@@ -65,3 +65,15 @@ def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None
     owner = owner_name(body)
     if owner:
         _reconcile(memo, namespace, owner, retry=False)
+
+
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
+    """Start/stop following the pod's vLLM log (logwatch.py); never raises."""
+    pod = event.get("object") or {}
+    if not pod.get("metadata", {}).get("uid"):
+        return
+    try:
+        memo.logwatch.observe(pod, deleted=event.get("type") == "DELETED")
+    except Exception:  # a pod event must never break kopf's processing
+        log.exception("log watch of pod %s failed", pod["metadata"].get("name"))

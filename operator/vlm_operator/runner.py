@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.kube import Kube
+from vlm_operator.logwatch import LogWatch
 from vlm_operator.reconciler import Reconciler
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
@@ -22,7 +23,8 @@ def _api_client() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        # the client read $KUBECONFIG at import time, before run() set it: pass it explicitly
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return client.ApiClient()
 
 
@@ -85,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         memo.autoscaler = Autoscaler(memo.reconciler.kube)
         memo.reconciler.report_providers += [memo.autoscaler.reports,
                                              memo.autoscaler.mode_reports]
+        memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile)
+        memo.reconciler.report_providers.append(memo.logwatch.reports)
         if args.metrics_port:
             start_http_server(args.metrics_port)
 

@@ -33,7 +33,8 @@ class OperatorProcess:
                 "--metrics-port", str(self.metrics_port), *self.extra_args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **(self.env or {})})
+                                         env={**os.environ, "KUBECONFIG": self.kubeconfig,
+                                              **(self.env or {})})  # kopf's login reads it
         if wait:
             self.wait_live(timeout)
         return self

@@ -87,8 +87,8 @@ def test_tensor_parallel_size_explicit():
 def test_gpu_limits_and_user_resources():
     res = container(vlmd(gpusPerReplica=2, resources={
         "requests": {"cpu": "4", "memory": "24Gi"}, "limits": {"memory": "48Gi"}}))["resources"]
-    assert res["limits"] == {"memory": "48Gi", "nvidia.com/gpu": 2}
-    assert res["requests"] == {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": 2}
+    assert res["limits"] == {"memory": "48Gi", "nvidia.com/gpu": "2"}
+    assert res["requests"] == {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "2"}
 
 
 def test_shm_cache_and_home_volumes():
