@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
@@ -22,6 +23,8 @@ def _reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> No
     try:
         memo.reconciler.reconcile(namespace, name)
     except ApiException as exc:
+        if exc.status == 404:  # deleted while we looked at it: nothing left to do
+            return
         RECONCILES.labels(result="error").inc()
         if retry and (exc.status is None or exc.status >= 500 or exc.status in (409, 429)):
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
@@ -44,15 +47,22 @@ def vlmd_resync(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
     _reconcile(memo, namespace, name, retry=False)
 
 
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=AUTOSCALE_SECONDS,
-            when=lambda spec, **_: is_builtin(spec))
-def vlmd_autoscale(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    """Builtin autoscaling round; failures are logged and the next round tries again."""
-    try:
-        memo.autoscaler.tick(body)
-    except Exception:  # a timer that raises is retried with kopf's back-off
-        log.exception("autoscaling round of %s/%s failed", body["metadata"]["namespace"],
-                      body["metadata"]["name"])
+@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, when=lambda spec, **_: is_builtin(spec),
+             cancellation_timeout=10)
+async def vlmd_autoscale(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                         stopped: kopf.DaemonStopped, **_) -> None:
+    """Builtin autoscaling: one round every AUTOSCALE_SECONDS while the mode is Builtin.
+
+    A daemon, not a timer: kopf logs every timer run. Rounds run in a thread (blocking HTTP);
+    a failed round is logged and the next one tries again.
+    """
+    while not stopped:
+        try:
+            await asyncio.to_thread(memo.autoscaler.tick, body)
+        except Exception:
+            log.exception("autoscaling round of %s/%s failed", namespace, name)
+        await stopped.wait(AUTOSCALE_SECONDS)
+    memo.autoscaler.forget(namespace, name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)

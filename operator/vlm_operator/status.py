@@ -131,24 +131,29 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     return status
 
 
+# (condition type, status, reason or None for any) -> Event type, for transitions worth an Event.
+_NOTABLE = [
+    ("SpecValid", "False", None, "Warning"),
+    ("Ready", "True", None, "Normal"),
+    ("Degraded", "True", None, "Warning"),
+    ("Progressing", "False", "RolloutComplete", "Normal"),
+    ("Progressing", "False", "ProgressDeadlineExceeded", "Warning"),
+]
+
+
 def get_events(old: dict | None, new: dict) -> list[Event]:
     """Events for condition changes users care about (not for every status write)."""
     events = []
-    for type_, status, kind in (("SpecValid", "False", "Warning"), ("Ready", "True", "Normal"),
-                                ("Degraded", "True", "Warning"), ("Progressing", "False",
-                                                                  "Normal")):
+    for type_, status, reason, kind in _NOTABLE:
         before, after = get_condition(old, type_), get_condition(new, type_)
-        if after is None or after.get("status") != status:
+        if after is None or after.get("status") != status or \
+                reason not in (None, after.get("reason")):
             continue
         if before and before.get("status") == status and \
                 before.get("message") == after.get("message"):
             continue
-        if type_ == "Progressing" and after.get("reason") != "RolloutComplete":
-            kind = "Warning" if after.get("reason") == "ProgressDeadlineExceeded" else "Normal"
         events.append(Event(kind, after["reason"], after.get("message", "")))
-    became_valid = get_condition(new, "SpecValid")
-    was = get_condition(old, "SpecValid")
-    if was and was.get("status") == "False" and became_valid and \
-            became_valid.get("status") == "True":
+    was, now = get_condition(old, "SpecValid"), get_condition(new, "SpecValid")
+    if was and was.get("status") == "False" and now and now.get("status") == "True":
         events.append(Event("Normal", "SpecFixed", "the spec is valid again"))
     return events

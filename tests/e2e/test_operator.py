@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
+from vlm_operator.kube import Kube
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -39,10 +40,15 @@ def test_create_builds_owned_children_and_status(api, ns):
     assert env["VLM_TOKENIZER_POOL_SIZE"] == "4"
     assert dep.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     svc = client.CoreV1Api(api).read_namespaced_service("alpha", ns)
-    policy = client.PolicyV1beta1Api(api)
-    pdb = wait_for("pdb", lambda: policy.read_namespaced_pod_disruption_budget("alpha", ns))
-    for child in (dep, svc, pdb):
-        (ref,) = child.metadata.owner_references
+    kube = Kube(api)
+    pdb = wait_for("pdb", lambda: kube.get(kube.pdb_api_version, "PodDisruptionBudget", ns,
+                                           "alpha"))
+    assert pdb["spec"]["minAvailable"] == 1
+    refs = [child.metadata.owner_references for child in (dep, svc)]
+    refs.append([client.V1OwnerReference(**{k: v for k, v in r.items() if k in (
+        "kind", "name", "uid", "controller", "api_version")}) for r in [
+        {**ref, "api_version": ref["apiVersion"]} for ref in pdb["metadata"]["ownerReferences"]]])
+    for (ref,) in refs:
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("VLMDeployment", "alpha", uid,
                                                                  True)
     obj = wait_for("status", lambda: (o := get_cr(api, ns, "alpha")).get("status", {}).get(
@@ -92,7 +98,7 @@ def test_drift_is_restored(api, ns):
         "observedGeneration"))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     old_uid = core.read_namespaced_service("delta", ns).metadata.uid
-    core.delete_namespaced_service("delta", ns)
+    core.delete_namespaced_service("delta", ns, _preload_content=False)  # 1.20 answers a Status
     svc = wait_for("service recreated", lambda: (s := core.read_namespaced_service("delta", ns))
                    .metadata.uid != old_uid and s)
     assert svc.spec.ports[0].port == 8000
@@ -199,7 +205,8 @@ def test_two_operator_replicas_never_act_twice(api, cluster):
                              "--priority", "10") as high, \
                 OperatorProcess(cluster.kubeconfig, "-n", ns, "--peering", "pair",
                                 "--priority", "5") as low:
-            wait_for("low replica pauses", lambda: "Pausing operations" in low.log(), timeout=30)
+            wait_for("high replica active", lambda: "Resuming operations" in high.log(),
+                     timeout=30)
             for i in range(3):
                 create(api, ns, cr(f"pair-{i}"))
             for i in range(3):
@@ -209,5 +216,13 @@ def test_two_operator_replicas_never_act_twice(api, cluster):
             for i in range(3):
                 assert len(created_events(api, ns, f"pair-{i}")) == 3
             assert "pair-0" in high.log() and "pair-0" not in low.log()
+            assert "Resuming operations" not in low.log()
+            high.stop()  # a graceful stop leaves the peering: the other replica takes over
+            wait_for("low replica resumes", lambda: "Resuming operations" in low.log(),
+                     timeout=60)
+            create(api, ns, cr("pair-3"))
+            wait_for("handled by the remaining replica",
+                     lambda: get_cr(api, ns, "pair-3").get("status", {}).get("observedGeneration"))
+            assert len(created_events(api, ns, "pair-3")) == 3
     finally:
         client.CoreV1Api(api).delete_namespace(ns)

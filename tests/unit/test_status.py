@@ -137,3 +137,12 @@ def test_reports_from_other_parts():
     fine = get(obj=vlmd(), dep=deployment(),
                reports=[status.Report("Degraded", "False", "X", "y")])
     assert cond(fine, "Degraded")["reason"] == "AsExpected"
+
+
+def test_invalid_spec_gives_one_warning_only():
+    invalid = get(obj=None, problems=["spec.x: bad"], dep=None)
+    assert [e for e in status.get_events({}, invalid) if e.reason == "InvalidSpec"] == [
+        status.Event("Warning", "InvalidSpec", "spec.x: bad")]
+    stuck = get(obj=vlmd(), dep=deployment(ready=0, progress_reason="ProgressDeadlineExceeded"))
+    assert status.Event("Warning", "ProgressDeadlineExceeded", "deadline") in \
+        status.get_events({}, stuck)
