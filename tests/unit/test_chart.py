@@ -102,7 +102,8 @@ def test_optional_monitoring_objects(helm):
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     (rule,) = find(docs, "PrometheusRule")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
-    for name in ("vlm_operator_reconciles_total", "vlm_operator_events_total"):
+    for name in ("vlm_operator_remediations_total", "vlm_operator_remediations_skipped_total",
+                 "vlm_operator_detections_total"):
         assert name in exprs
     (dashboard,) = find(docs, "ConfigMap", "rel-vlm-operator-dashboard")
     assert "vlm_operator_reconciles_total" in dashboard["data"]["vlm-operator.json"]
@@ -239,9 +240,15 @@ def test_namespaced_rbac_is_a_role_per_namespace(helm):
     # Only cluster-scoped resources in the ClusterRole: nothing it could use on workloads.
     (cluster_role,) = find(docs, "ClusterRole")
     resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    assert resources == {"customresourcedefinitions", "nodes", "namespaces"}
+    assert resources == {"customresourcedefinitions", "nodes", "pods", "priorityclasses",
+                         "namespaces"}
     verbs = {v for rule in cluster_role["rules"] for v in rule["verbs"]}
     assert verbs <= {"get", "list", "watch"}
+    # Without GPU-capacity reads: nothing about pods or nodes outside the watched namespaces.
+    (cluster_role,) = find(template(helm, *VARIANTS["namespaced"], "--set",
+                                    "rbac.gpuCapacity=false"), "ClusterRole")
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions", "namespaces"}
     (peering,) = {d["kind"] for d in docs if d["apiVersion"] == "kopf.dev/v1"}
     assert peering == "KopfPeering"
 
@@ -255,10 +262,14 @@ def test_cluster_wide_rbac(helm):
     assert peering["kind"] == "ClusterKopfPeering"
 
 
-def test_autoscaler_permissions_only_when_enabled(helm):
-    def resources(docs):
-        return {r for _, rule in rules_of(docs) for r in rule["resources"]}
+def test_autoscaler_objects_writable_only_when_enabled(helm):
+    def verbs(docs):
+        return {r: rule["verbs"] for _, rule in rules_of(docs) for r in rule["resources"]
+                if r in ("horizontalpodautoscalers", "scaledobjects")}
 
-    assert not {"horizontalpodautoscalers", "scaledobjects"} & resources(template(helm))
-    assert {"horizontalpodautoscalers", "scaledobjects"} <= resources(
-        template(helm, *VARIANTS["cluster-hpa-keda"]))
+    # Every reconcile deletes the autoscaler object a VLMDeployment does not want.
+    assert verbs(template(helm)) == {"horizontalpodautoscalers": ["delete"],
+                                     "scaledobjects": ["delete"]}
+    assert verbs(template(helm, *VARIANTS["cluster-hpa-keda"])) == {
+        "horizontalpodautoscalers": ["get", "create", "patch", "delete"],
+        "scaledobjects": ["get", "create", "patch", "delete"]}

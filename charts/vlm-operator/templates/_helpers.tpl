@@ -37,15 +37,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 What the operator does inside a watched namespace, read off the code:
-- vlmdeployments: kopf lists/watches them and patches finalizers and its progress annotations;
-  kube.py reads them and patches /status; autoscalers (HPA, KEDA) use /scale, which the operator
-  itself only reads.
+- vlmdeployments: kopf lists/watches them and patches finalizers and its progress annotations
+  (log watching keeps its restart budget in an annotation too); kube.py reads them, patches
+  /status, and the Builtin autoscaler writes replicas through /scale (patch).
 - deployments, services, poddisruptionbudgets, persistentvolumeclaims: kopf watches the managed
   ones; kube.py reads them and server-side applies them (patch; create when missing). Deletion
   is left to the garbage collector through ownerReferences.
-- pods: kopf watches; kube.py lists; remediation deletes a pod (Restart) or relabels it out of
-  the Service (ScaleDown: patch); pods/log is streamed for failure signatures.
+- pods: kopf watches; kube.py lists; log watching reads one (get) and streams pods/log; a
+  remediation or a scale-down deletes a pod, or relabels it out of the Service first (patch).
 - events: kube.py and kopf post Events (create).
+- horizontalpodautoscalers, scaledobjects: every reconcile deletes the one a VLMDeployment does
+  not want (a 404 when there is none), so delete is always granted; the rest only with
+  rbac.hpa / rbac.keda.
 - kopfpeerings: kopf's peering heartbeats (patch) and runner.py creates the object.
 */}}
 {{- define "vlm-operator.namespacedRules" -}}
@@ -53,11 +56,8 @@ What the operator does inside a watched namespace, read off the code:
   resources: ["vlmdeployments"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["serving.vlm-operator.dev"]
-  resources: ["vlmdeployments/status"]
+  resources: ["vlmdeployments/status", "vlmdeployments/scale"]
   verbs: ["get", "patch"]
-- apiGroups: ["serving.vlm-operator.dev"]
-  resources: ["vlmdeployments/scale"]
-  verbs: ["get"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -76,16 +76,12 @@ What the operator does inside a watched namespace, read off the code:
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.rbac.hpa }}
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-{{- end }}
-{{- if .Values.rbac.keda }}
+  verbs: [{{ if .Values.rbac.hpa }}"get", "create", "patch", {{ end }}"delete"]
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-{{- end }}
+  verbs: [{{ if .Values.rbac.keda }}"get", "create", "patch", {{ end }}"delete"]
 {{- if not .Values.peering.standalone }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
@@ -96,7 +92,8 @@ What the operator does inside a watched namespace, read off the code:
 {{/*
 Cluster-scoped reads, needed in every mode:
 - customresourcedefinitions: kopf scans and watches them to find its resources.
-- nodes (rbac.nodes): free nvidia.com/gpu capacity for autoscaling decisions.
+- rbac.gpuCapacity: the Builtin autoscaler lists Nodes and all Pods (every namespace: GPUs
+  requested by anyone's pods are not free) and PriorityClasses, to cap scale-ups by free GPUs.
 - namespaces (namespaced mode only): kopf lists/watches them to start per-namespace watches.
 - clusterkopfpeerings (cluster-wide mode only): kopf's peering object.
 */}}
@@ -104,10 +101,18 @@ Cluster-scoped reads, needed in every mode:
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
-{{- if .Values.rbac.nodes }}
+{{- if .Values.rbac.gpuCapacity }}
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end }}
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["list"]
 {{- end }}
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
