@@ -17,11 +17,12 @@ pod names to remove first (empty by default; the log watcher sets it).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
@@ -163,8 +164,10 @@ class Autoscaler:
         return a.share_gpus(free, fresh)[key]
 
     # -- one round
-    def tick(self, body: dict) -> a.Decision | None:
+    def tick(self, body: Mapping) -> a.Decision | None:
+        """One round for one VLMDeployment (body: kopf's live view or a plain dict)."""
         started = time.monotonic()
+        body = json.loads(json.dumps(dict(body)))  # a plain snapshot: validation wants dicts
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         try:

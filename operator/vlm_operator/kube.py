@@ -32,7 +32,7 @@ _PLURALS = {
     "ScaledObject": "scaledobjects",
     crd.KIND: crd.PLURAL,
 }
-KEDA_RECHECK_SECONDS = 30
+KEDA_RECHECK_SECONDS = 10
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -112,7 +112,7 @@ class Kube:
             else "autoscaling/v2beta2"
 
     def keda_served(self) -> bool:
-        """Whether keda.sh/v1alpha1 ScaledObjects are served; rechecked every 30 s, since
+        """Whether keda.sh/v1alpha1 ScaledObjects are served; rechecked every 10 s, since
         KEDA can be installed while the operator runs."""
         now = time.monotonic()
         cached = getattr(self, "_keda", None)

@@ -1,0 +1,169 @@
+"""Autoscaling against the real apiserver/scheduler/controllers; nodes and vLLM simulated.
+
+Load is set on the vLLM stand-in at podIP:8000 (POST /sim/fault {"fault": "load", ...}), the
+Builtin autoscaler scrapes it like a real vLLM's /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from kube_helpers import condition, cr, create, events, get_cr, patch_cr, wait_for
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator import builders
+from vlm_testbed.nodesim import NodeSimulator
+
+DATA = Path(__file__).parent / "data"
+
+
+def sim_post(pod_ip: str, body: dict) -> None:
+    req = urllib.request.Request(f"http://{pod_ip}:{builders.PORT}/sim/fault",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as rsp:
+        assert rsp.status == 200
+
+
+def ready_pods(api, ns, name):
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=builders.get_selector(name)).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None and p.status.pod_ip and any(
+        c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+
+
+def replicas(api, ns, name):
+    return get_cr(api, ns, name)["spec"]["replicas"]
+
+
+def scaling(**kw):
+    return {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "target": 5, **kw}
+
+
+def test_load_scales_up_then_down_after_the_delay(api, ns, cluster):
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
+                       name_prefix=f"sim-{ns}"):
+        create(api, ns, cr("as-a", autoscaling=scaling(scaleDownDelaySeconds=5)))
+        (first,) = wait_for("one ready pod", lambda: ready_pods(api, ns, "as-a"), timeout=90)
+        sim_post(first.status.pod_ip, {"fault": "load", "waiting": 12})  # need 2.4 replicas
+        wait_for("scaled up to 3", lambda: replicas(api, ns, "as-a") == 3, timeout=30)
+        obj = get_cr(api, ns, "as-a")
+        assert obj["status"]["autoscaling"]["desiredReplicas"] == 3
+        assert obj["status"]["autoscaling"]["reason"].startswith("ScaleUp")
+        wait_for("3 ready pods", lambda: len(ready_pods(api, ns, "as-a")) == 3, timeout=90)
+        sim_post(first.status.pod_ip, {"fault": "clear"})
+        wait_for("scaled down to 1", lambda: replicas(api, ns, "as-a") == 1, timeout=60)
+        # the newest pods went (drained, then deleted); the first one still serves
+        left = wait_for("one pod left", lambda: (r := ready_pods(api, ns, "as-a")) and
+                        len(client.CoreV1Api(api).list_namespaced_pod(ns).items) == 1 and r,
+                        timeout=90)
+        assert [p.metadata.name for p in left] == [first.metadata.name]
+        assert left[0].metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+        status = get_cr(api, ns, "as-a")["status"]["autoscaling"]
+        assert status["reason"].startswith("ScaleDown") and status["desiredReplicas"] == 1
+
+
+def gpu_blocker(api, ns):
+    client.CoreV1Api(api).create_namespaced_pod(ns, {
+        "metadata": {"name": "blocker"},
+        "spec": {"containers": [{"name": "c", "image": "example.org/idle:1",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "terminationGracePeriodSeconds": 1}})
+
+
+def test_competing_deployments_share_free_gpus_by_priority(api, ns, cluster):
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=3, backoff_base=1.0,
+                       name_prefix=f"sim-{ns}"):
+        gpu_blocker(api, ns)
+        create(api, ns, cr("as-high", autoscaling=scaling(priority=10)))
+        create(api, ns, cr("as-low", autoscaling=scaling(priority=0)))
+        pods = {n: wait_for(f"{n} ready", lambda n=n: ready_pods(api, ns, n), timeout=90)[0]
+                for n in ("as-high", "as-low")}
+        for pod in pods.values():  # both want 3 replicas; no GPU is free
+            sim_post(pod.status.pod_ip, {"fault": "load", "waiting": 20})
+        for name in ("as-high", "as-low"):
+            obj = wait_for(f"{name} ScalingLimited", lambda n=name: (o := get_cr(api, ns, n)) and
+                           (c := condition(o, "ScalingLimited")) and c["status"] == "True" and o,
+                           timeout=90)
+            assert replicas(api, ns, name) == 1
+            assert wait_for("ScalingLimited event",
+                            lambda n=name: events(api, ns, n, "ScalingLimited"))
+        client.CoreV1Api(api).delete_namespaced_pod("blocker", ns)  # one GPU becomes free
+        wait_for("high priority takes it", lambda: replicas(api, ns, "as-high") == 2, timeout=60)
+        wait_for("its second pod ready", lambda: len(ready_pods(api, ns, "as-high")) == 2,
+                 timeout=90)
+        time.sleep(3)  # a few more rounds: the low one must not have asked for a pod
+        assert replicas(api, ns, "as-low") == 1
+        obj = get_cr(api, ns, "as-low")
+        assert condition(obj, "ScalingLimited")["status"] == "True"
+        assert "fit the free GPUs" in obj["status"]["autoscaling"]["reason"]
+        unbound = [p.metadata.name for p in client.CoreV1Api(api).list_namespaced_pod(ns).items
+                   if not p.spec.node_name]
+        assert unbound == []
+
+
+def hpa(api, ns, name):
+    """autoscaling/v2beta2 (the client no longer ships that API class: read it generically)."""
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "autoscaling", "v2beta2", ns, "horizontalpodautoscalers", name)
+
+
+def scaled_object(api, ns, name):
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "keda.sh", "v1alpha1", ns, "scaledobjects", name)
+
+
+def gone(fn):
+    try:
+        fn()
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def test_hpa_and_keda_children(api, ns):
+    create(api, ns, cr("as-h", autoscaling=scaling(mode="HPA", maxReplicas=4)))
+    h = wait_for("HPA", lambda: hpa(api, ns, "as-h"))
+    assert h["spec"]["scaleTargetRef"] == {"apiVersion": "serving.vlm-operator.dev/v1alpha1",
+                                           "kind": "VLMDeployment", "name": "as-h"}
+    assert h["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
+    assert h["spec"]["maxReplicas"] == 4
+    assert h["metadata"]["ownerReferences"][0]["name"] == "as-h"
+
+    # KEDA mode without KEDA: the HPA goes, a condition says why nothing replaces it
+    patch_cr(api, ns, "as-h", {"autoscaling": {
+        "mode": "KEDA", "prometheus": {"serverAddress": "http://prometheus:9090"}}})
+    obj = wait_for("KEDANotInstalled", lambda: (o := get_cr(api, ns, "as-h")) and
+                   (c := condition(o, "AutoscalerReady")) and c["reason"] == "KEDANotInstalled"
+                   and o)
+    assert condition(obj, "AutoscalerReady")["status"] == "False"
+    wait_for("HPA deleted", lambda: gone(lambda: hpa(api, ns, "as-h")))
+
+    ext = client.ApiextensionsV1Api(api)
+    definition = yaml.safe_load((DATA / "keda-scaledobject-crd.yaml").read_text())
+    ext.create_custom_resource_definition(definition)
+    try:
+        def created():
+            # nudge a reconcile (an annotation change) while the operator rechecks discovery
+            client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                "serving.vlm-operator.dev", "v1alpha1", ns, "vlmdeployments", "as-h",
+                {"metadata": {"annotations": {"test/nudge": str(time.monotonic())}}})
+            return scaled_object(api, ns, "as-h")
+        so = wait_for("ScaledObject", created, timeout=60, interval=2)
+        assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
+        trigger = so["spec"]["triggers"][0]
+        assert trigger["type"] == "prometheus"
+        assert trigger["metadata"]["serverAddress"] == "http://prometheus:9090"
+        assert trigger["metadata"]["query"].startswith("sum(vllm:num_requests_waiting{")
+        wait_for("AutoscalerReady=True", lambda: (c := condition(
+            get_cr(api, ns, "as-h"), "AutoscalerReady")) and c["status"] == "True")
+        patch_cr(api, ns, "as-h", {"autoscaling": {"enabled": False}})
+        wait_for("ScaledObject deleted", lambda: gone(lambda: scaled_object(api, ns, "as-h")))
+    finally:
+        ext.delete_custom_resource_definition(definition["metadata"]["name"])
