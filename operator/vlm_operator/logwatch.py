@@ -148,6 +148,7 @@ class Follower(threading.Thread):
                 self.stopped.wait(delay)
                 delay = min(delay * 2, 10.0)
             except Exception as exc:  # never let one pod's stream kill the thread
+                LOG_RECONNECTS.inc()
                 if not self.stopped.is_set():
                     log.info("log of %s/%s: %s; reconnecting", self.namespace, self.name, exc)
                     self.stopped.wait(delay)

@@ -116,7 +116,8 @@ def test_engine_death_restarts_before_the_container_exits(api, ns, sim):
     # acted on the log line: vllmsim exits 5 s after it, then the kubelet would restart it
     (cs,) = deleting.status.container_statuses
     assert cs.restart_count == 0 and cs.state.running is not None
-    last = get_cr(api, ns, "dead")["status"]["lastRemediation"]
+    last = wait_for("lastRemediation", lambda: get_cr(api, ns, "dead").get("status", {}).get(
+        "lastRemediation"))
     assert (last["signature"], last["action"]) == ("engine_dead", "Restart")
 
 
