@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
+from vlm_operator.metrics import EVENTS
 from vlm_operator.status import Event
 
 FIELD_MANAGER = "vlm-operator"
@@ -169,6 +170,7 @@ class Kube:
         }
         try:
             self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+            EVENTS.labels(type=event.type, reason=event.reason).inc()
         except ApiException as exc:
             log.warning("could not post event %s on %s: %s", event.reason, meta["name"],
                         exc.reason)
