@@ -220,3 +220,19 @@ def test_unknown_version_logs_inactive_and_patches_nothing(model_dir, fake):
     assert not [line for line in lines if "vlm-tokenizer-pool active" in line]
     assert report["second_register_noop"]
     assert not [k for k, v in report["targets"].items() if v["ours"]]
+
+
+@vllm_only
+def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
+    """Claiming 0.21 on an older vLLM: the plan's target (maybe_make_thread_pool) is missing."""
+    import vllm
+
+    if plugin.parse_version(vllm.__version__) >= (0, 21, 0):
+        pytest.skip("on 0.21+ the targets of every plan exist")
+    report, lines = _probe(model_dir, "--fake-version", "0.21.0")
+    inactive = [m for m in map(INACTIVE.search, lines) if m]
+    assert len(inactive) == 1, lines
+    assert inactive[0].group(1) == "WARNING"
+    assert inactive[0].group(3).startswith("patch failed: "), inactive[0].group(3)
+    assert not [line for line in lines if "vlm-tokenizer-pool active" in line]
+    assert not [k for k, v in report["targets"].items() if v["ours"]]
