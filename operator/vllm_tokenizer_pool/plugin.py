@@ -22,6 +22,7 @@ import functools
 import importlib
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 import threading
@@ -120,17 +121,59 @@ class _State:
             if self.logged:
                 return
             self.logged = True
-        logger.info(active_line(self.version, pool_size, self.targets))
+        _emit(logging.INFO, active_line(self.version, pool_size, self.targets))
 
     def log_inactive(self, reason: str) -> None:
         with self.lock:
             if self.logged:
                 return
             self.logged = True
-        logger.warning(inactive_line(self.version, reason))
+        _emit(logging.WARNING, inactive_line(self.version, reason))
 
 
 _state = _State()
+
+
+def _vllm_formatter() -> logging.Formatter:
+    try:
+        from vllm.logger import _DATE_FORMAT, _FORMAT
+        from vllm.logging_utils import NewLineFormatter
+
+        return NewLineFormatter(_FORMAT, _DATE_FORMAT)
+    except Exception:
+        return logging.Formatter(
+            "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
+        )
+
+
+def _with_process_name(record: logging.LogRecord) -> bool:
+    """vLLM's format (0.2x+) names the process; its record factory may not be installed yet."""
+    if not hasattr(record, "vllm_process_name"):
+        record.vllm_process_name = record.processName
+    return True
+
+
+def _emit(level: int, message: str) -> None:
+    """Log through vLLM's handler; before vLLM configured its logging (0.33 loads plugins while
+    building its CLI parser, then configures logging) use a one-shot handler with vLLM's format,
+    so the line still carries vLLM's header and is not dropped."""
+    if logging.getLogger("vllm").handlers or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        logger.log(level, message, stacklevel=3)
+        return
+    to_stderr = os.environ.get("VLLM_LOGGING_STREAM") == "ext://sys.stderr"
+    handler = logging.StreamHandler(sys.stderr if to_stderr else sys.stdout)
+    handler.setFormatter(_vllm_formatter())
+    handler.addFilter(_with_process_name)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        logger.log(level, message, stacklevel=3)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def installed_vllm_version() -> str:
