@@ -53,7 +53,12 @@ def main() -> int:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": NS}})
-        while not core.read_namespaced_service_account("default", NS).secrets:
+        while True:  # pods are refused until the default ServiceAccount has its token
+            try:
+                if core.read_namespaced_service_account("default", NS).secrets:
+                    break
+            except client.ApiException:
+                pass
             time.sleep(0.2)
         deleted_at: dict[str, float] = {}
         stop = threading.Event()
