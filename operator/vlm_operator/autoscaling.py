@@ -12,12 +12,14 @@ finishes. The KV-cache term keeps replicas that are busy without a queue (waitin
 full) from being scaled away.
 
 Stabilisation (no oscillation under steady noisy load):
-- fast scale-up: the minimum need over the last UP_WINDOW_S (two scrapes) is above
-  current * FAST_FACTOR -> ceil(that minimum) (a load step is followed within seconds);
+- fast scale-up: the minimum need over the last UP_WINDOW_S (three 1 s rounds) is above
+  current * FAST_FACTOR -> ceil(that minimum) (a load step is followed within seconds, a
+  one- or two-second burst is not);
 - slow scale-up: the mean need over SMOOTH_WINDOW_S is above current * (1 + TOLERANCE);
 - scale-down: only after scaleDownDelaySeconds of observation, to
-  ceil(max need over that delay / (1 - TOLERANCE)): noise peaks keep the replicas, and the
-  hysteresis band between up and down thresholds stops flapping at the boundary.
+  ceil(max over that delay of the SMOOTH_WINDOW_S mean need / (1 - TOLERANCE)): bursts average
+  out, sustained peaks keep the replicas, and the hysteresis band between the up and down
+  thresholds stops flapping at the boundary.
 Pods still loading count as capacity on the way: needs are absolute replica counts compared
 with the current replica count, which includes them.
 """
@@ -30,7 +32,7 @@ from typing import NamedTuple
 
 TOLERANCE = 0.1
 FAST_FACTOR = 1.5
-UP_WINDOW_S = 1.5
+UP_WINDOW_S = 2.5
 SMOOTH_WINDOW_S = 30.0
 KV_HIGH = 0.8
 DRAIN_TIMEOUT_S = 120.0
@@ -75,6 +77,7 @@ def policy_from_spec(autoscaling: dict) -> Policy:
 class Point(NamedTuple):
     t: float
     need: float
+    smooth: float  # mean need over the SMOOTH_WINDOW_S up to t
 
 
 @dataclass(frozen=True)
@@ -120,9 +123,10 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
     """The replicas wanted now, before the GPU budget; history is returned updated."""
     lo, hi = policy.min_replicas, max(policy.min_replicas, policy.max_replicas)
     need = load_need(pods, policy)
-    if need is not None:
-        history = (*history, Point(now, need))
     history = tuple(p for p in history if p.t >= now - keep_seconds(policy))
+    if need is not None:
+        window = [p.need for p in history if p.t > now - SMOOTH_WINDOW_S] + [need]
+        history = (*history, Point(now, need, sum(window) / len(window)))
 
     def done(desired: int, reason: str, message: str) -> Decision:
         return Decision(desired, reason, message, need, history)
@@ -136,12 +140,12 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
 
     recent = [p.need for p in history if p.t >= now - UP_WINDOW_S]
     fast = min(recent)
-    smooth = [p.need for p in history if p.t >= now - SMOOTH_WINDOW_S]
-    mean = sum(smooth) / len(smooth)
+    mean = history[-1].smooth
     up = 0
-    if fast > current * FAST_FACTOR:
+    if len(recent) >= 2 and fast > current * FAST_FACTOR:
         up, why = _ceil(fast), f"load step: need {fast:.2f} replicas over {UP_WINDOW_S:g} s"
-    if mean > current * (1 + TOLERANCE) and _ceil(mean) > up:
+    settled = history[0].t <= now - SMOOTH_WINDOW_S / 2  # a mean of a few rounds is no mean
+    if settled and mean > current * (1 + TOLERANCE) and _ceil(mean) > up:
         up, why = _ceil(mean), f"sustained load: need {mean:.2f} replicas over " \
                                f"{SMOOTH_WINDOW_S:g} s"
     if up > current:
@@ -150,8 +154,7 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
         return done(min(up, hi), "ScaleUp", why)
 
     delay = policy.scale_down_delay_s
-    window = [p.need for p in history if p.t >= now - delay]
-    peak = max(window)
+    peak = max(p.smooth for p in history if p.t >= now - delay)
     down = max(lo, _ceil(peak / (1 - TOLERANCE)))
     if down >= current > max(lo, _ceil(need / (1 - TOLERANCE))):
         return done(current, "ScaleDownDelayed",
