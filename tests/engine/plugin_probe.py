@@ -134,7 +134,8 @@ def main() -> None:
 
     plain_ids = AutoTokenizer.from_pretrained(model_dir)("a picture of a dog")["input_ids"]
     ip = build_input_processor(model_dir, args.renderer_workers)
-    prompt_tok = ip.input_preprocessor.tokenizer
+    renderer = getattr(ip, "renderer", None)  # 0.17+; before, the preprocessor holds it
+    prompt_tok = renderer.tokenizer if renderer is not None else ip.input_preprocessor.tokenizer
     procs = mm_processors(ip)
     report["prompt"] = _describe(prompt_tok, plain_ids)
     report["mm"] = [_describe(p.info.ctx.tokenizer, plain_ids) for p in procs]
