@@ -262,3 +262,27 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
         "Deployment", "Service", "PodDisruptionBudget"]
     assert {k for _, k, _ in ab.get_unwanted(obj, "autoscaling/v2", True)} == {
         "HorizontalPodAutoscaler", "ScaledObject"}
+
+
+# ---------------------------------------------------------------- reading a pod's /metrics
+
+def test_parse_pod_metrics_of_the_vllm_stand_in():
+    from vlm_operator.autoscaler import is_builtin, parse_pod_metrics
+    from vlm_testbed import vllmsim
+
+    text = vllmsim.render_metrics(
+        'engine="0",model_name="m"',
+        {"vllm:num_requests_waiting": 7.0, "vllm:num_requests_running": 2.0,
+         "vllm:kv_cache_usage_perc": 0.25},
+        {"vllm:request_success_total": 10.0, "vllm:mm_cache_queries_total": 15.0},
+        {"vllm:e2e_request_latency_seconds": vllmsim.Histogram()})
+    values = parse_pod_metrics(text)
+    assert values["vllm:num_requests_waiting"] == 7.0
+    assert values["vllm:kv_cache_usage_perc"] == 0.25
+    assert values["vllm:request_success_total"] == 10.0
+    assert values["vllm:mm_cache_queries_total"] == 15.0
+    assert a.images_per_request((0.0, 0.0), (values["vllm:request_success_total"],
+                                              values["vllm:mm_cache_queries_total"]), 0) == 1.5
+    assert is_builtin({"autoscaling": {"enabled": True}})
+    assert not is_builtin({"autoscaling": {"enabled": True, "mode": "HPA"}})
+    assert not is_builtin({})
