@@ -167,3 +167,33 @@ def test_hpa_and_keda_children(api, ns):
         wait_for("ScaledObject deleted", lambda: gone(lambda: scaled_object(api, ns, "as-h")))
     finally:
         ext.delete_custom_resource_definition(definition["metadata"]["name"])
+
+
+def chat_with_images(pod_ip: str, images: int) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, *[image] * images]}]}
+    req = urllib.request.Request(f"http://{pod_ip}:{builders.PORT}/v1/chat/completions",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as rsp:
+        assert rsp.status == 200
+
+
+def test_the_same_queue_scales_further_when_requests_carry_images(api, ns, cluster):
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
+                       name_prefix=f"sim-{ns}"):
+        create(api, ns, cr("as-mm", autoscaling=scaling(multimodalWeight=1.0)))
+        (pod,) = wait_for("one ready pod", lambda: ready_pods(api, ns, "as-mm"), timeout=90)
+        ip = pod.status.pod_ip
+        sim_post(ip, {"fault": "load", "waiting": 5, "mm_seconds": 0.01})  # text: need 1.0
+        wait_for("a decision on the text-only queue", lambda: (get_cr(api, ns, "as-mm").get(
+            "status", {}).get("autoscaling") or {}).get("reason"))
+        time.sleep(4)  # several rounds on the same queue: within target
+        assert replicas(api, ns, "as-mm") == 1
+        for _ in range(10):  # 2 images per request: the queue now weighs 5 * (1 + 2) = 15
+            chat_with_images(ip, 2)
+        wait_for("scaled up for the images", lambda: replicas(api, ns, "as-mm") >= 3,
+                 timeout=30)
+        assert get_cr(api, ns, "as-mm")["status"]["autoscaling"]["reason"].startswith(
+            "ScaleUp")
