@@ -65,6 +65,20 @@ async def vlmd_autoscale(body: kopf.Body, namespace: str, name: str, memo: kopf.
     memo.autoscaler.forget(namespace, name)
 
 
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
+    """Start/stop following the pod's vLLM log (logwatch.py); never raises. Async and
+    registered before child_changed, so log following never waits for executor slots taken
+    by reconciles (kopf runs one event's handlers in order)."""
+    pod = event.get("object") or {}
+    if not pod.get("metadata", {}).get("uid"):
+        return
+    try:
+        await asyncio.to_thread(memo.logwatch.observe, pod, event.get("type") == "DELETED")
+    except Exception:  # a pod event must never break kopf's processing
+        log.exception("log watch of pod %s failed", pod["metadata"].get("name"))
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED)
@@ -76,14 +90,3 @@ def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None
     if owner:
         _reconcile(memo, namespace, owner, retry=False)
 
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
-    """Start/stop following the pod's vLLM log (logwatch.py); never raises."""
-    pod = event.get("object") or {}
-    if not pod.get("metadata", {}).get("uid"):
-        return
-    try:
-        memo.logwatch.observe(pod, deleted=event.get("type") == "DELETED")
-    except Exception:  # a pod event must never break kopf's processing
-        log.exception("log watch of pod %s failed", pod["metadata"].get("name"))
