@@ -28,7 +28,7 @@ def test_render_example():
     assert args[args.index("--max-model-len") + 1] == "4096"
     assert args[args.index("--dtype") + 1] == "bfloat16"
     assert args[args.index("--renderer-num-workers") + 1] == "4"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     pool = {e["name"]: e.get("value") for e in container["env"]}["VLM_TOKENIZER_POOL_SIZE"]
     assert pool == "5"
 
