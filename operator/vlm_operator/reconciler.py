@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 
 from vlm_operator import autoscaling_builders, builders, crd, status
@@ -45,20 +44,39 @@ class Reconciler:
     def __init__(self, kube: Kube):
         self.kube = kube
         self.report_providers: list[ReportProvider] = []
-        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        self._locks_guard = threading.Lock()
-
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks[(namespace, name)]
+        self._guard = threading.Lock()
+        self._running: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()
 
     def reconcile(self, namespace: str, name: str) -> None:
-        """Bring the children in line with the spec and refresh status. Serialised per object."""
-        with self._lock(namespace, name):
-            body = self.kube.get_vlmd(namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
+        """Bring the children in line with the spec and refresh status.
+
+        Serialised and coalesced per object: a call while a pass runs marks the object dirty and
+        returns; the running pass goes round once more. A burst of pod events thus costs at most
+        two passes, not one per event.
+        """
+        key = (namespace, name)
+        with self._guard:
+            if key in self._running:
+                self._dirty.add(key)
                 return
-            self._reconcile(body)
+            self._running.add(key)
+        try:
+            while True:
+                with self._guard:
+                    self._dirty.discard(key)
+                body = self.kube.get_vlmd(namespace, name)
+                if body is not None and not body["metadata"].get("deletionTimestamp"):
+                    self._reconcile(body)
+                with self._guard:  # checked and released together: no request slips between
+                    if key not in self._dirty:
+                        self._running.discard(key)
+                        return
+        except BaseException:
+            with self._guard:
+                self._running.discard(key)
+                self._dirty.discard(key)
+            raise
 
     def _reconcile(self, body: dict) -> None:
         meta = body["metadata"]
