@@ -14,7 +14,7 @@ from vlm_operator.metrics import RECONCILES
 from vlm_operator.reconciler import owner_name
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
-RESYNC_SECONDS = 60
+RESYNC_SECONDS = 300  # a safety net: child and pod events drive the real work
 AUTOSCALE_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
