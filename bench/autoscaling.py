@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
 import time
 import urllib.request
-from importlib import metadata
 from pathlib import Path
 
+from common import machine
 from vlm_operator import autoscaling as a
 from vlm_operator import builders
 
@@ -198,18 +196,6 @@ def live(trials: int = 5) -> dict:
             "load_step_mean_s": statistics.mean(ups), "load_step_max_s": max(ups),
             "load_gone_to_scale_down_written_s": downs,
             "scale_down_delay_s": 2, "scale_down_mean_s": statistics.mean(downs)}
-
-
-def machine() -> dict:
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-            "kubernetes_control_plane": "v1.20.2 (local build)",
-            "kopf": version("kopf"), "kubernetes_client": version("kubernetes")}
 
 
 def write(result: dict) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from common import cpu_seconds, machine, ready_namespace, rss_mib
 from vlm_operator import builders, crd
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.nodesim import NodeSimulator
@@ -29,19 +29,6 @@ from vlm_testbed.operator_process import OperatorProcess
 
 RESULTS = Path(__file__).parent / "results"
 NS = "bench-scale"
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def lines_read(op: OperatorProcess) -> float:
@@ -61,20 +48,13 @@ def main() -> int:
     with ControlPlane([crd.get_crd()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": NS}})
-        while True:  # pods are refused until the default ServiceAccount has its token
-            try:
-                if core.read_namespaced_service_account("default", NS).secrets:
-                    break
-            except client.ApiException:
-                pass
-            time.sleep(0.2)
+        ready_namespace(core, NS)
         with NodeSimulator(cp.kubeconfig, nodes=1, gpus_per_node=args.pods, max_pods=args.pods
                            + 10, backoff_base=1.0, name_prefix="bench-scale") as sim, \
                 OperatorProcess(cp.kubeconfig, "--standalone", "-n", NS) as op:
             pid = op.proc.pid
             time.sleep(3)
-            rss0 = rss_mb(pid)
+            rss0 = rss_mib(pid)
             client.CustomObjectsApi(api).create_namespaced_custom_object(
                 crd.GROUP, crd.VERSION, NS, crd.PLURAL, {
                     "apiVersion": crd.API_VERSION, "kind": crd.KIND,
@@ -95,7 +75,7 @@ def main() -> int:
                     break
                 time.sleep(2)
             up_s = time.monotonic() - start
-            cpu0, lines0, t0 = cpu_s(pid), lines_read(op), time.monotonic()
+            cpu0, lines0, t0 = cpu_seconds(pid), lines_read(op), time.monotonic()
             time.sleep(args.duration)
             procs = [inst.proc for r in list(sim.runners.values()) for c in r.main
                      for inst in c.instances if inst.proc and inst.proc.poll() is None]
@@ -108,8 +88,8 @@ def main() -> int:
                 still = still + 1 if now == last else 0
                 last = now
             elapsed = time.monotonic() - t0
-            cpu = cpu_s(pid) - cpu0
-            rss = rss_mb(pid)
+            cpu = cpu_seconds(pid) - cpu0
+            rss = rss_mib(pid)
             written = sum(Path(inst.log_path).read_bytes().count(b"\n")
                           for r in list(sim.runners.values()) for c in r.main
                           for inst in c.instances)
@@ -128,11 +108,7 @@ def main() -> int:
         "cpu_s_per_million_lines": round(cpu / window_lines * 1e6, 1) if window_lines else None,
         "rss_mb_base": round(rss0, 1), "rss_mb_end": round(rss, 1),
         "rss_mb_per_pod": round((rss - rss0) / watched, 3) if watched else None,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": sys.version.split()[0]},
-        "versions": {"kubernetes": "v1.20.2 (local build)",
-                     "kubernetes-client": __import__("kubernetes").__version__,
-                     "kopf": __import__("importlib.metadata").metadata.version("kopf")},
+        "machine": machine(control_plane="v1.20.2 (local build)"),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "logwatch-scale.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, watch
 
+from common import machine, percentile, ready_namespace
 from vlm_operator import builders, crd
 from vlm_testbed import vllmsim
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
@@ -38,11 +38,6 @@ def post(ip: str, path: str, body: dict) -> None:
     urllib.request.urlopen(req, timeout=5).read()
 
 
-def percentile(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--incidents", type=int, default=100)
@@ -52,14 +47,7 @@ def main() -> int:
     with ControlPlane([crd.get_crd()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": NS}})
-        while True:  # pods are refused until the default ServiceAccount has its token
-            try:
-                if core.read_namespaced_service_account("default", NS).secrets:
-                    break
-            except client.ApiException:
-                pass
-            time.sleep(0.2)
+        ready_namespace(core, NS)
         deleted_at: dict[str, float] = {}
         stop = threading.Event()
 
@@ -120,11 +108,7 @@ def main() -> int:
         "max_s": max(latencies), "mean_s": statistics.fmean(latencies),
         "remediations_metric": [ln for ln in metrics.splitlines()
                                 if ln.startswith("vlm_operator_remediations_total")],
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform(),
-                    "python": sys.version.split()[0]},
-        "versions": {"kubernetes": "v1.20.2 (local build)",
-                     "kubernetes-client": __import__("kubernetes").__version__,
-                     "kopf": __import__("importlib.metadata").metadata.version("kopf")},
+        "machine": machine(control_plane="v1.20.2 (local build)"),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "remediation-latency.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -133,7 +117,7 @@ def main() -> int:
         f"{len(latencies)} incidents ({missed} missed), {args.replicas} replicas, threshold 1, "
         "Restart; real kube-apiserver v1.20.2, operator as a process, pods = vllmsim on the "
         "node simulator, all on one shared "
-        f"{result['machine']['cpus']}-core machine.\n\n"
+        f"{result['machine']['cores']}-core machine.\n\n"
         "| p50 | p99 | max | mean |\n| --- | --- | --- | --- |\n"
         f"| {result['p50_s']:.3f} s | {result['p99_s']:.3f} s | {result['max_s']:.3f} s | "
         f"{result['mean_s']:.3f} s |\n\nTarget: p99 < 1 s. Peers relying on /health probes "

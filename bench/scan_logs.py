@@ -12,13 +12,12 @@ import gzip
 import io
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from common import machine
 from vlm_operator.scan_logs import main
 from vlm_operator.signatures import Scanner
 
@@ -76,17 +75,6 @@ def run(target_lines: int = 500_000, runs: int = 3) -> dict:
         "scan_logs_s": round(cli_s, 3), "scan_logs_lines_per_s": round(n / cli_s),
         "scanner_s": round(scan_s, 3), "scanner_lines_per_s": round(n / scan_s),
     }
-
-
-def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"python": sys.version.split()[0], "platform": platform.platform(),
-            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "commit": commit, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import ast
 import copy
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -34,6 +33,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"))
@@ -268,22 +269,6 @@ def run_point(strategy, vocab, threads, seconds, copies, varied) -> dict:
 
 
 # ---------------------------------------------------------------- driver
-def machine() -> dict:
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "vllm_pool_source": f"vllm {VLLM_VERSION} vllm/tokenizers/hf.py",
-    }
-
-
 def child(env, args_list, timeout):
     py = CACHE / "venvs" / env / "bin" / "python"
     cmd = [str(py), __file__, "--point", json.dumps(args_list)]
@@ -405,7 +390,7 @@ def main() -> None:
             flush=True,
         )
     data = {
-        "machine": machine(),
+        "machine": machine(vllm_pool_source=f"vllm {VLLM_VERSION} vllm/tokenizers/hf.py"),
         "versions": versions,
         "seconds": args.seconds,
         "copies": args.copies,
