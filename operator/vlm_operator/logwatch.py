@@ -308,6 +308,22 @@ class LogWatch:
             out.append(report)
         return out
 
+    def failing_pods(self, namespace: str, name: str) -> set[str]:
+        """Pods of a VLMDeployment with a failure signature inside its window or a pod-status
+        finding: the autoscaler removes these first when it scales down."""
+        owner = self._owners.get((namespace, name))
+        if owner is None:
+            return set()
+        now = time.time()
+        with self._lock:
+            pods = [f.name for f in self._followers.values()
+                    if f.namespace == namespace and f.owner == name]
+        out = {pod for pod, findings in owner.findings.items() if findings}
+        if owner.policy is not None:
+            out |= {pod for pod in pods for key, rule in owner.policy.rules.items()
+                    if self.windows.count(pod, key, now, rule.window_s)}
+        return out
+
     def _pod_findings(self, follower: Follower, pod: dict) -> None:
         owner = self._owner(follower.namespace, follower.owner)
         findings = remediation.pod_findings(pod, now=time.time(),

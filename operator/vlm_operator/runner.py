@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                                              memo.autoscaler.mode_reports]
         memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
+        memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         if args.metrics_port:
             start_http_server(args.metrics_port)
 
