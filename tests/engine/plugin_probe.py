@@ -81,10 +81,10 @@ def build_input_processor(model_dir: str, renderer_workers: int):
         from vllm.v1.engine.processor import Processor as InputProcessor
     params = inspect.signature(InputProcessor.__init__).parameters
     if "tokenizer" in params:  # 0.11 - 0.14
-        try:
-            from vllm.transformers_utils.tokenizer import init_tokenizer_from_configs as make
-        except ImportError:
+        try:  # what AsyncLLM calls: 0.14 (0.11's name is a deprecated stub there)
             from vllm.tokenizers import cached_tokenizer_from_config as make
+        except ImportError:  # 0.11
+            from vllm.transformers_utils.tokenizer import init_tokenizer_from_configs as make
         return InputProcessor(vllm_config, make(vllm_config.model_config))
     if "renderer" in params:  # 0.17+: AsyncLLM builds one renderer and hands it over
         from vllm.renderers import renderer_from_config
