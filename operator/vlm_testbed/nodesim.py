@@ -401,6 +401,8 @@ class Container:
         for raw in iter(stream.readline, b""):
             text = raw.decode("utf-8", "replace").rstrip("\n")
             with lock:
+                if sink.closed:  # a child kept the pipe open after the container's process
+                    break        # exited (vLLM's engine processes): its lines are past the end
                 sink.write(format_log_line(time.time_ns(), name, text))
                 sink.flush()
         stream.close()

