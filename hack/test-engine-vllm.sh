@@ -20,9 +20,11 @@ for env in "$@"; do
     *) tests=(tests/engine/test_plugin_vllm.py) ;;
   esac
   echo "=== $env: ${tests[*]}"
+  junit=()
+  [[ -n "${JUNIT_DIR:-}" ]] && junit=("--junitxml=$JUNIT_DIR/engine-$env.xml")
   # shellcheck disable=SC2086
   if ! PYTHONPATH="$ROOT/operator" "$VENVS/$env/bin/python" -m pytest -p no:cacheprovider \
-      -q "${tests[@]}" ${PYTEST_ARGS:-}; then
+      -q "${tests[@]}" "${junit[@]}" ${PYTEST_ARGS:-}; then
     failed+=("$env")
   fi
 done
