@@ -217,7 +217,8 @@ def _activate(version: str) -> None:
     from vllm_tokenizer_pool import pool
 
     env_size = functools.partial(pool.pool_size_from_env, DEFAULT_POOL_SIZE)
-    env_size()  # an invalid VLM_TOKENIZER_POOL_SIZE fails here, before anything is patched
+    if not plan.replace_thread_pool:  # 0.21+ sizes by renderer_num_workers and never reads it
+        env_size()  # an invalid VLM_TOKENIZER_POOL_SIZE fails here, before anything is patched
     undo: list[tuple[Any, str, Any]] = []
     try:
         if plan.replace_thread_pool:

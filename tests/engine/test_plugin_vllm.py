@@ -103,8 +103,10 @@ def model_dir(tmp_path_factory):
     return vllm_tiny_model.write_llava(tmp_path_factory.mktemp("llava"))
 
 
-def _probe(model_dir: Path, *extra: str) -> tuple[dict, list[str]]:
-    env = dict(os.environ, VLM_TOKENIZER_POOL_SIZE=str(ENV_POOL_SIZE), HF_HUB_OFFLINE="1")
+def _probe(
+    model_dir: Path, *extra: str, pool_size: str = str(ENV_POOL_SIZE)
+) -> tuple[dict, list[str]]:
+    env = dict(os.environ, VLM_TOKENIZER_POOL_SIZE=pool_size, HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, str(HERE / "plugin_probe.py"), str(model_dir), *extra],
         capture_output=True,
@@ -235,4 +237,18 @@ def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
     assert inactive[0].group(1) == "WARNING"
     assert inactive[0].group(3).startswith("patch failed: "), inactive[0].group(3)
     assert not [line for line in lines if "vlm-tokenizer-pool active" in line]
+    assert not [k for k, v in report["targets"].items() if v["ours"]]
+
+
+@vllm_only
+def test_invalid_pool_size_env_logs_inactive_before_0_21(model_dir):
+    """Where the env var sizes the pool, a bad value leaves vLLM unpatched with a warning."""
+    import vllm
+
+    if plugin.parse_version(vllm.__version__) >= (0, 21, 0):
+        pytest.skip("0.21+ sizes the pool by renderer_num_workers; the env var is not read")
+    report, lines = _probe(model_dir, "--fake-version", vllm.__version__, pool_size="0")
+    inactive = [m for m in map(INACTIVE.search, lines) if m]
+    assert len(inactive) == 1, lines
+    assert "VLM_TOKENIZER_POOL_SIZE" in inactive[0].group(3)
     assert not [k for k, v in report["targets"].items() if v["ours"]]
