@@ -167,9 +167,9 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
+            os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -240,7 +240,8 @@ def totals(rows: list[dict]) -> list[dict]:
                     "retry_warnings": sum(r["retry_warnings"] for r in rs),
                     "loads_with_retry_or_error": sum(
                         1 for r in rs if r["retry_warnings"] or r["http_errors"]),
-                    "median_req_per_s": round(statistics.median(r["req_per_s"] or 0 for r in rs), 2),
+                    "median_req_per_s": round(
+                        statistics.median(r["req_per_s"] or 0 for r in rs), 2),
                     "median_p50_s": round(statistics.median(r["p50_s"] or 0 for r in rs), 3),
                     "max_p99_s": max(r["p99_s"] or 0 for r in rs)})
     return out
