@@ -65,7 +65,8 @@ def gone(api, ns, name, uid):
 
 def pod_log(sim, ns, pod_name) -> str:
     runner = sim.runner_by_name(ns, pod_name)
-    assert runner is not None, f"{pod_name} not on this simulator"
+    if runner is None:  # already deleted (and its logs with it)
+        return ""
     return "\n".join(inst.log_path.read_text(errors="replace")
                      for inst in runner.container("vllm").instances)
 
@@ -133,21 +134,21 @@ def test_unpatched_retries_restart_patched_none(api, ns, operator, real_sim):
     assert not gone(api, ns, "patched", pod.metadata.uid)
     assert not events(api, ns, "patched", "PodRestarted")
 
-    # without it: the load until vLLM logs its retry warning, then the operator's restart
+    # without it: the load until vLLM logs a retry warning or an `Already borrowed` traceback
+    # (both remediated, threshold 1), then the operator's restart
     create(api, ns, real_cr("plain", model, version, health,
                             env=[{"name": "VLLM_PLUGINS", "value": "none"}]))
     pod = ready_pod(api, ns, "plain")
+    assert "vlm-tokenizer-pool active" not in pod_log(sim, ns, pod.metadata.name)
     base = f"http://{pod.status.pod_ip}:8000"
-    for _ in range(30):
-        run_seeds_load(base, rounds=1)
-        if "Failed to acquire tokenizer" in pod_log(sim, ns, pod.metadata.name):
+    for _ in range(10):
+        if gone(api, ns, "plain", pod.metadata.uid):
             break
-    log = pod_log(sim, ns, pod.metadata.name)
-    assert "vlm-tokenizer-pool active" not in log
-    assert "Failed to acquire tokenizer" in log, "the unpatched server logged no retry in 30 " \
-        "rounds of the seeds' load (it is random: see bench/results/real-vllm-load.md)"
+        run_seeds_load(base, rounds=1)
     wait_for("the pod restarted by the operator",
              lambda: gone(api, ns, "plain", pod.metadata.uid), timeout=60)
     last = wait_for("lastRemediation", lambda: get_cr(api, ns, "plain").get("status", {}).get(
         "lastRemediation"))
-    assert (last["signature"], last["action"]) == ("tokenizer_retry", "Restart")
+    assert last["pod"] == pod.metadata.name
+    assert (last["signature"], last["action"]) in {("tokenizer_retry", "Restart"),
+                                                   ("tokenizer_borrow_error", "Restart")}
