@@ -153,6 +153,35 @@ def write_llava(path: Path) -> Path:
     return path
 
 
+def _random(torch):
+    """A seeded initializer: the same model bytes on every build."""
+    g = torch.Generator().manual_seed(0)
+    return lambda *shape: torch.randn(*shape, generator=g) * 0.02
+
+
+def _decoder_weights(torch, rand, *, vocab: int, hidden: int, inter: int, layers: int,
+                     qkv_bias: bool) -> dict:
+    """The text decoder both tiny models share (Llama layout; Qwen2 adds q/k/v biases)."""
+    weights = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        weights[p + "input_layernorm.weight"] = torch.ones(hidden)
+        weights[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+        for proj in "qkv":
+            weights[p + f"self_attn.{proj}_proj.weight"] = rand(hidden, hidden)
+            if qkv_bias:
+                weights[p + f"self_attn.{proj}_proj.bias"] = torch.zeros(hidden)
+        weights[p + "self_attn.o_proj.weight"] = rand(hidden, hidden)
+        weights[p + "mlp.gate_proj.weight"] = rand(inter, hidden)
+        weights[p + "mlp.up_proj.weight"] = rand(inter, hidden)
+        weights[p + "mlp.down_proj.weight"] = rand(hidden, inter)
+    return weights
+
+
 def write_llama(path: Path) -> Path:
     """A tiny Llama with random safetensors weights that `vllm serve` can load on a CPU."""
     import torch
@@ -183,29 +212,9 @@ def write_llama(path: Path) -> Path:
     }
     (path / "config.json").write_text(json.dumps(config, indent=1))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
-    g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.02
-
-    weights = {
-        "model.embed_tokens.weight": rand(vocab, hidden),
-        "model.norm.weight": torch.ones(hidden),
-        "lm_head.weight": rand(vocab, hidden),
-    }
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "input_layernorm.weight": torch.ones(hidden),
-            p + "post_attention_layernorm.weight": torch.ones(hidden),
-            p + "self_attn.q_proj.weight": rand(hidden, hidden),
-            p + "self_attn.k_proj.weight": rand(hidden, hidden),
-            p + "self_attn.v_proj.weight": rand(hidden, hidden),
-            p + "self_attn.o_proj.weight": rand(hidden, hidden),
-            p + "mlp.gate_proj.weight": rand(inter, hidden),
-            p + "mlp.up_proj.weight": rand(inter, hidden),
-            p + "mlp.down_proj.weight": rand(hidden, inter),
-        }
+    rand = _random(torch)
+    weights = _decoder_weights(torch, rand, vocab=vocab, hidden=hidden, inter=inter,
+                               layers=layers, qkv_bias=False)
     save_file(weights, str(path / "model.safetensors"))
     return path
 
@@ -294,32 +303,9 @@ def write_qwen2_vl(path: Path) -> Path:
         "resample": 3,
     }
     (path / "preprocessor_config.json").write_text(json.dumps(image_processor, indent=1))
-    g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.02
-
-    weights = {
-        "model.embed_tokens.weight": rand(vocab, hidden),
-        "model.norm.weight": torch.ones(hidden),
-        "lm_head.weight": rand(vocab, hidden),
-    }
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "input_layernorm.weight": torch.ones(hidden),
-            p + "post_attention_layernorm.weight": torch.ones(hidden),
-            p + "self_attn.q_proj.weight": rand(hidden, hidden),
-            p + "self_attn.q_proj.bias": torch.zeros(hidden),
-            p + "self_attn.k_proj.weight": rand(hidden, hidden),
-            p + "self_attn.k_proj.bias": torch.zeros(hidden),
-            p + "self_attn.v_proj.weight": rand(hidden, hidden),
-            p + "self_attn.v_proj.bias": torch.zeros(hidden),
-            p + "self_attn.o_proj.weight": rand(hidden, hidden),
-            p + "mlp.gate_proj.weight": rand(inter, hidden),
-            p + "mlp.up_proj.weight": rand(inter, hidden),
-            p + "mlp.down_proj.weight": rand(hidden, inter),
-        }
+    rand = _random(torch)
+    weights = _decoder_weights(torch, rand, vocab=vocab, hidden=hidden, inter=inter,
+                               layers=layers, qkv_bias=True)
     merged = v_dim * merge * merge
     b = "visual.blocks.0."
     weights |= {
