@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from vlm_operator.spec import with_defaults
+
 TOLERANCE = 0.1
 FAST_FACTOR = 1.5
 UP_WINDOW_S = 2.5
@@ -65,12 +67,14 @@ class Policy:
 
 
 def policy_from_spec(autoscaling: dict) -> Policy:
+    """The policy of spec.autoscaling; the schema's defaults fill what it leaves out."""
+    spec = with_defaults({"autoscaling": dict(autoscaling)})["autoscaling"]
     return Policy(
-        min_replicas=int(autoscaling.get("minReplicas", 1)),
-        max_replicas=int(autoscaling.get("maxReplicas", 1)),
-        target=float(autoscaling.get("target", 5)),
-        scale_down_delay_s=float(autoscaling.get("scaleDownDelaySeconds", 300)),
-        multimodal_weight=float(autoscaling.get("multimodalWeight", 1)),
+        min_replicas=int(spec["minReplicas"]),
+        max_replicas=int(spec["maxReplicas"]),
+        target=float(spec["target"]),
+        scale_down_delay_s=float(spec["scaleDownDelaySeconds"]),
+        multimodal_weight=float(spec["multimodalWeight"]),
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vlm_operator import builders
+from vlm_operator.spec import with_defaults
 from vlm_operator.status import Report
 
 RESTART, SCALE_DOWN, IGNORE = "Restart", "ScaleDown", "Ignore"
@@ -64,16 +65,12 @@ class Policy:
 
 
 def policy_from_spec(spec: Mapping, extra: Mapping[str, str] = ()) -> Policy:
-    """The policy of a VLMDeployment spec (schema defaults applied, as spec.parse returns it)."""
-    health = spec.get("health") or {}
-    rules = {}
-    for key, (threshold, window, action) in (("tokenizerRetry", (5, 60, RESTART)),
-                                             ("engineDead", (1, 60, RESTART))):
-        rule = health.get(key) or {}
-        rules[key] = Rule(int(rule.get("threshold", threshold)),
-                          float(rule.get("windowSeconds", window)), rule.get("action", action))
-    return Policy(rules, int(health.get("maxRestartsPerHour", 6)),
-                  int(health.get("minAvailable", 1)), {**SIGNATURE_POLICY, **dict(extra)})
+    """The policy of a VLMDeployment spec; the schema's defaults fill what it leaves out."""
+    health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
+    rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
+                       health[key]["action"]) for key in ("tokenizerRetry", "engineDead")}
+    return Policy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
+                  {**SIGNATURE_POLICY, **dict(extra)})
 
 
 class Windows:

@@ -78,6 +78,16 @@ class VLMDeployment:
 
 
 @cache
+def _spec_schema() -> dict:
+    return crd.get_schema()["properties"]["spec"]
+
+
+def with_defaults(spec: dict) -> dict:
+    """The spec with the schema's defaults filled in, as the apiserver would store it."""
+    return apply_defaults(spec, _spec_schema())
+
+
+@cache
 def _strict_validator() -> jsonschema.Draft7Validator:
     """The CRD schema, with unknown fields made errors (the apiserver would silently drop them)."""
     return jsonschema.Draft7Validator(_forbid_unknown(crd.get_schema()))
@@ -283,7 +293,7 @@ def validate(obj: Any) -> tuple[list[str], list[str]]:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return problems, []
-    spec = apply_defaults(spec, crd.get_schema()["properties"]["spec"])
+    spec = with_defaults(spec)
     _, version_problems, warnings = resolve_version(spec)
     problems += version_problems + _engine_problems(spec) + _cache_problems(spec)
     problems += _scaling_problems(spec)
@@ -295,7 +305,7 @@ def parse(obj: Any) -> VLMDeployment:
     problems, warnings = validate(obj)
     if problems:
         raise SpecError(problems)
-    spec = apply_defaults(obj["spec"], crd.get_schema()["properties"]["spec"])
+    spec = with_defaults(obj["spec"])
     version, _, _ = resolve_version(spec)
     meta = obj["metadata"]
     return VLMDeployment(
