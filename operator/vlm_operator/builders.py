@@ -18,7 +18,7 @@ MANAGER = "vlm-operator"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Pods whose label is "false" are out of the Service (draining) but still owned by the Deployment.
 IN_SERVICE_LABEL = f"{crd.GROUP}/in-service"
-RUN_AS_USER = 1000
+RUN_AS_USER = 10001  # the uid of images/vllm (any non-root uid works: HOME is a volume)
 # Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 180

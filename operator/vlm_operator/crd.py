@@ -186,6 +186,33 @@ def _spec() -> s.Schema:
                         "`Failed to acquire tokenizer` retry warnings", 5, 60, "Restart"),
                     "engineDead": _signature_policy(
                         "engine death (EngineDeadError)", 1, 60, "Restart"),
+                    "extraSignatures": s.array(
+                        "Your own failure signatures: a regular expression matched at the start "
+                        "of the message after vLLM's log header (never inside user text such as "
+                        "prompts), counted and acted on like the built-in ones.",
+                        s.obj("A failure signature.", {
+                            "name": s.string("Signature name, e.g. cuda_oom.",
+                                             pattern=r"^[a-z][a-z0-9_]{0,62}$"),
+                            "regex": s.string(
+                                "Python regular expression; must start with at least 3 literal "
+                                "characters; no nested quantifiers or backreferences.",
+                                min_length=3, max_length=256),
+                            "action": s.string("What to do at the threshold.",
+                                               default="Restart", enum=ACTIONS),
+                            "threshold": s.integer("Detections within windowSeconds that "
+                                                   "trigger the action.", default=1,
+                                                   minimum=1, maximum=10000),
+                            "windowSeconds": s.integer("Length of the sliding window.",
+                                                       default=60, minimum=1, maximum=86400),
+                            "levels": s.array("Log levels it applies to (default: all).",
+                                              s.string("A level.", enum=[
+                                                  "DEBUG", "INFO", "WARNING", "ERROR",
+                                                  "CRITICAL"])),
+                            "files": s.array("vLLM source file names it applies to, e.g. "
+                                             "core.py (default: all).",
+                                             s.string("A file name.")),
+                        }, required=["name", "regex"]),
+                        max_items=32),
                     "maxRestartsPerHour": s.integer(
                         "Most restarts per hour for the whole VLMDeployment; when spent the "
                         "operator sets Degraded instead of flapping.",

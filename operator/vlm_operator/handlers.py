@@ -40,6 +40,7 @@ def _reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> No
 @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL)
 def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
     _reconcile(memo, namespace, name, retry=True)
+    memo.logwatch.spec_changed(namespace, name)
 
 
 @kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)

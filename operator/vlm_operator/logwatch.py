@@ -107,6 +107,7 @@ class Follower(threading.Thread):
         self.pod = pod
         self.stopped = threading.Event()
         self.restarts = _restart_count(pod)
+        self.extra: tuple[signatures.Signature, ...] = ()
         self.scanner = signatures.Scanner()
         self.dedupe = Dedupe()
         self.plugin: str | None = None
@@ -155,7 +156,7 @@ class Follower(threading.Thread):
                     delay = min(delay * 2, 10.0)
 
     def _new_instance(self) -> None:
-        self.scanner = signatures.Scanner()
+        self.scanner = signatures.Scanner(self.extra)
         self.dedupe = Dedupe()
         self.plugin = None
         self.engine_dead_at = None
@@ -203,6 +204,9 @@ class Follower(threading.Thread):
             return
         LOG_LINES.inc()
         try:
+            extra = self.watch.extra_signatures(self.namespace, self.owner)
+            if extra is not self.extra:  # the VLMDeployment's extraSignatures changed
+                self.extra, self.scanner = extra, signatures.Scanner(extra)
             detections = self.scanner.feed(line)
         except Exception:  # a bad line must never stop the stream
             log.exception("scanner failed on a line of %s/%s", self.namespace, self.name)
@@ -232,6 +236,7 @@ class _Owner:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.policy: remediation.Policy | None = None
+        self.extra: tuple[signatures.Signature, ...] = ()
         self.history: list[float] = []
         self.backoff: dict[str, tuple[int, float]] = {}  # pod -> (attempts, until)
         self.events_sent: set[str] = set()
@@ -293,6 +298,18 @@ class LogWatch:
 
     def _owner(self, namespace: str, name: str) -> _Owner:
         return self._owners.setdefault((namespace, name), _Owner())
+
+    def extra_signatures(self, namespace: str, name: str) -> tuple[signatures.Signature, ...]:
+        owner = self._owners.get((namespace, name))
+        return owner.extra if owner is not None else ()
+
+    def spec_changed(self, namespace: str, name: str) -> None:
+        """Take the VLMDeployment's health policy and extra signatures now (followers match new
+        signatures from their next line on); errors are only logged."""
+        try:
+            self._refresh(namespace, name, self._owner(namespace, name))
+        except Exception as exc:  # the next detection refreshes again
+            log.info("policy refresh of %s/%s: %s", namespace, name, exc)
 
     def reports(self, namespace: str, name: str) -> list[status.Report]:
         owner = self._owners.get((namespace, name))
@@ -375,6 +392,10 @@ class LogWatch:
         except SpecError:
             return None
         owner.policy = remediation.policy_from_spec(vlmd.spec)
+        extra = signatures.compile_spec_signatures(vlmd.spec["health"].get("extraSignatures")
+                                                   or [])
+        if extra != owner.extra:  # a new tuple makes followers rebuild their scanners
+            owner.extra = extra
         raw = (body["metadata"].get("annotations") or {}).get(HISTORY)
         try:
             stored = [float(t) for t in json.loads(raw)] if raw else []

@@ -33,8 +33,8 @@ BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 UNPATCHED_GRACE_S = 60.0
 
-# Signature -> the spec.health key whose policy applies. Extra signatures (a ConfigMap, later)
-# join by passing their own mapping to policy_from_spec; signatures without one are only counted.
+# Signature -> the spec.health key whose policy applies; spec.health.extraSignatures add their
+# own. Signatures without a policy are only counted.
 SIGNATURE_POLICY = {
     "tokenizer_retry": "tokenizerRetry",
     "tokenizer_borrow_error": "tokenizerRetry",
@@ -64,13 +64,19 @@ class Policy:
         return (key, self.rules[key]) if key in self.rules else None
 
 
-def policy_from_spec(spec: Mapping, extra: Mapping[str, str] = ()) -> Policy:
-    """The policy of a VLMDeployment spec; the schema's defaults fill what it leaves out."""
+def policy_from_spec(spec: Mapping) -> Policy:
+    """The policy of a VLMDeployment spec; the schema's defaults fill what it leaves out.
+
+    Each of spec.health.extraSignatures gets a rule of its own, keyed `extra:<name>`."""
     health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
     rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
                        health[key]["action"]) for key in ("tokenizerRetry", "engineDead")}
-    return Policy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
-                  {**SIGNATURE_POLICY, **dict(extra)})
+    mapping = dict(SIGNATURE_POLICY)
+    for extra in health.get("extraSignatures") or []:
+        key = f"extra:{extra['name']}"
+        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]), extra["action"])
+        mapping[extra["name"]] = key
+    return Policy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]), mapping)
 
 
 class Windows:

@@ -346,6 +346,15 @@ def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatu
     return tuple(out)
 
 
+def compile_spec_signatures(defs: Iterable[Mapping]) -> tuple[Signature, ...]:
+    """A VLMDeployment's spec.health.extraSignatures, compiled. What to do about a detection
+    is the CR's policy (remediation.py), so the signature's own action is only `remediate`."""
+    return compile_extra_signatures(
+        [{"name": d.get("name"), "regex": d.get("regex"), "action": "remediate",
+          **{k: d[k] for k in ("levels", "files") if d.get(k)}} for d in defs],
+        where="spec.health.extraSignatures")
+
+
 # ---------------------------------------------------------------- matching
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from vlm_operator import crd, versions
+from vlm_operator import crd, signatures, versions
 from vlm_operator.schema import apply_defaults
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
@@ -253,6 +253,17 @@ def _cache_problems(spec: dict) -> list[str]:
     return problems
 
 
+def _signature_problems(spec: dict) -> list[str]:
+    extra = _section(spec, "health").get("extraSignatures")
+    if not isinstance(extra, list) or not all(isinstance(d, dict) for d in extra):
+        return []  # shape errors: the schema check has named them
+    try:
+        signatures.compile_spec_signatures(extra)
+    except signatures.SignatureConfigError as exc:
+        return [str(exc)]
+    return []
+
+
 def _scaling_problems(spec: dict) -> list[str]:
     scaling = _section(spec, "autoscaling")
     problems = []
@@ -296,7 +307,7 @@ def validate(obj: Any) -> tuple[list[str], list[str]]:
     spec = with_defaults(spec)
     _, version_problems, warnings = resolve_version(spec)
     problems += version_problems + _engine_problems(spec) + _cache_problems(spec)
-    problems += _scaling_problems(spec)
+    problems += _scaling_problems(spec) + _signature_problems(spec)
     return list(dict.fromkeys(problems)), warnings + _warnings(spec)
 
 

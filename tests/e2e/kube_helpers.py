@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 import uuid
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import crd
+from vlm_operator import builders, crd
 
 SESSION_NS_PREFIX = "e2e-op-"
 
@@ -86,3 +88,51 @@ def deployment(api, ns, name):
 
 def container_args(dep):
     return dep.spec.template.spec.containers[0].args
+
+
+# -- pods of a VLMDeployment and the vLLM stand-in's control endpoints
+
+def managed_pods(api, ns, name):
+    return client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=builders.get_selector(name)).items
+
+
+def is_ready(pod):
+    return pod.metadata.deletion_timestamp is None and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def ready_pods(api, ns, name):
+    return [p for p in managed_pods(api, ns, name) if is_ready(p)]
+
+
+def wait_ready_pods(api, ns, name, n, timeout=90):
+    """At least n ready pods of the VLMDeployment (waits)."""
+    return wait_for(f"{n} ready pods", lambda: len(r := ready_pods(api, ns, name)) >= n and r,
+                    timeout=timeout)
+
+
+def pod_gone(api, ns, pod):
+    """The pod (this uid) is deleting or deleted."""
+    name = pod.metadata.labels["app.kubernetes.io/instance"]
+    return all(p.metadata.uid != pod.metadata.uid or p.metadata.deletion_timestamp is not None
+               for p in managed_pods(api, ns, name))
+
+
+def sim_post(ip, path, body):
+    """POST to the vLLM stand-in's control endpoints (/sim/fault, /sim/log) at the pod IP."""
+    req = urllib.request.Request(f"http://{ip}:{builders.PORT}{path}",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as rsp:
+        return json.loads(rsp.read())
+
+
+def metric(text, name, **labels):
+    """Sum of a Prometheus metric's samples with these labels, from /metrics text."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + ("{" + want + "}" if want else " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

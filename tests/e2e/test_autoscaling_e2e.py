@@ -12,7 +12,17 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from kube_helpers import condition, cr, create, events, get_cr, patch_cr, wait_for
+from kube_helpers import (
+    condition,
+    cr,
+    create,
+    events,
+    get_cr,
+    patch_cr,
+    ready_pods,
+    sim_post,
+    wait_for,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -20,21 +30,6 @@ from vlm_operator import builders
 from vlm_testbed.nodesim import NodeSimulator
 
 DATA = Path(__file__).parent / "data"
-
-
-def sim_post(pod_ip: str, body: dict) -> None:
-    req = urllib.request.Request(f"http://{pod_ip}:{builders.PORT}/sim/fault",
-                                 data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as rsp:
-        assert rsp.status == 200
-
-
-def ready_pods(api, ns, name):
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=builders.get_selector(name)).items
-    return [p for p in pods if p.metadata.deletion_timestamp is None and p.status.pod_ip and any(
-        c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
 
 
 def replicas(api, ns, name):
@@ -50,13 +45,14 @@ def test_load_scales_up_then_down_after_the_delay(api, ns, cluster):
                        name_prefix=f"sim-{ns}"):
         create(api, ns, cr("as-a", autoscaling=scaling(scaleDownDelaySeconds=5)))
         (first,) = wait_for("one ready pod", lambda: ready_pods(api, ns, "as-a"), timeout=90)
-        sim_post(first.status.pod_ip, {"fault": "load", "waiting": 12})  # need 2.4 replicas
+        # need: 2.4 replicas
+        sim_post(first.status.pod_ip, "/sim/fault", {"fault": "load", "waiting": 12})
         wait_for("scaled up to 3", lambda: replicas(api, ns, "as-a") == 3, timeout=30)
         obj = get_cr(api, ns, "as-a")
         assert obj["status"]["autoscaling"]["desiredReplicas"] == 3
         assert obj["status"]["autoscaling"]["reason"].startswith("ScaleUp")
         wait_for("3 ready pods", lambda: len(ready_pods(api, ns, "as-a")) == 3, timeout=90)
-        sim_post(first.status.pod_ip, {"fault": "clear"})
+        sim_post(first.status.pod_ip, "/sim/fault", {"fault": "clear"})
         wait_for("scaled down to 1", lambda: replicas(api, ns, "as-a") == 1, timeout=60)
         # the newest pods went (drained, then deleted); the first one still serves
         left = wait_for("one pod left", lambda: (r := ready_pods(api, ns, "as-a")) and
@@ -86,7 +82,7 @@ def test_competing_deployments_share_free_gpus_by_priority(api, ns, cluster):
         pods = {n: wait_for(f"{n} ready", lambda n=n: ready_pods(api, ns, n), timeout=90)[0]
                 for n in ("as-high", "as-low")}
         for pod in pods.values():  # both want 3 replicas; no GPU is free
-            sim_post(pod.status.pod_ip, {"fault": "load", "waiting": 20})
+            sim_post(pod.status.pod_ip, "/sim/fault", {"fault": "load", "waiting": 20})
         for name in ("as-high", "as-low"):
             obj = wait_for(f"{name} ScalingLimited", lambda n=name: (o := get_cr(api, ns, n)) and
                            (c := condition(o, "ScalingLimited")) and c["status"] == "True" and o,
@@ -186,7 +182,8 @@ def test_the_same_queue_scales_further_when_requests_carry_images(api, ns, clust
         create(api, ns, cr("as-mm", autoscaling=scaling(multimodalWeight=1.0)))
         (pod,) = wait_for("one ready pod", lambda: ready_pods(api, ns, "as-mm"), timeout=90)
         ip = pod.status.pod_ip
-        sim_post(ip, {"fault": "load", "waiting": 5, "mm_seconds": 0.01})  # text: need 1.0
+        # text only: need 1.0
+        sim_post(ip, "/sim/fault", {"fault": "load", "waiting": 5, "mm_seconds": 0.01})
         wait_for("a decision on the text-only queue", lambda: (get_cr(api, ns, "as-mm").get(
             "status", {}).get("autoscaling") or {}).get("reason"))
         time.sleep(4)  # several rounds on the same queue: within target

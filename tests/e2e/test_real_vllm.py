@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from kube_helpers import create, events, get_cr, wait_for
-from kubernetes import client
+from kube_helpers import create, events, get_cr, pod_gone, ready_pods, wait_for
 from real_vllm import ROOT, engine_core_pid, ensure_model, ensure_vllm_env, real_vllm_command
 
-from vlm_operator import builders, crd
+from vlm_operator import crd
 from vlm_testbed.nodesim import NodeSimulator
 
 READY_S = 420  # ~45-75 s per server on 2 shared cores; a bound, not an assertion
@@ -42,25 +41,14 @@ def real_cr(name: str, model: Path, version: str, health: dict, env: list | None
                      "health": health}}
 
 
-def pods(api, ns, name):
-    return client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=builders.get_selector(name)).items
-
-
 def ready_pod(api, ns, name, not_uid=None):
     def find():
-        for p in pods(api, ns, name):
-            if p.metadata.deletion_timestamp is None and p.metadata.uid != not_uid and any(
-                    c.type == "Ready" and c.status == "True" for c in p.status.conditions or []):
+        for p in ready_pods(api, ns, name):
+            if p.metadata.uid != not_uid:
                 return p
         return None
     return wait_for(f"a ready {name} pod running the real vllm serve", find, timeout=READY_S,
                     interval=1.0)
-
-
-def gone(api, ns, name, uid):
-    return all(p.metadata.uid != uid or p.metadata.deletion_timestamp is not None
-               for p in pods(api, ns, name))
 
 
 def pod_log(sim, ns, pod_name) -> str:
@@ -94,7 +82,7 @@ def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
     engine = wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30)
     os.kill(engine, signal.SIGKILL)
 
-    wait_for("the pod deleted by the operator", lambda: gone(api, ns, "real", pod.metadata.uid),
+    wait_for("the pod deleted by the operator", lambda: pod_gone(api, ns, pod),
              timeout=120, interval=0.5)
     log = pod_log(sim, ns, pod.metadata.name)
     assert any(line in log for line in ENGINE_DEATH), log[-4000:]
@@ -131,7 +119,7 @@ def test_unpatched_retries_restart_patched_none(api, ns, operator, real_sim):
         (c for c in get_cr(api, ns, "patched").get("status", {}).get("conditions") or []
          if c["type"] == "Unpatched" and c["status"] == "False"), None), timeout=60)
     assert cond["reason"] == "AllPodsPatched"
-    assert not gone(api, ns, "patched", pod.metadata.uid)
+    assert not pod_gone(api, ns, pod)
     assert not events(api, ns, "patched", "PodRestarted")
 
     # without it: the load until vLLM logs a retry warning or an `Already borrowed` traceback
@@ -142,11 +130,11 @@ def test_unpatched_retries_restart_patched_none(api, ns, operator, real_sim):
     assert "vlm-tokenizer-pool active" not in pod_log(sim, ns, pod.metadata.name)
     base = f"http://{pod.status.pod_ip}:8000"
     for _ in range(10):
-        if gone(api, ns, "plain", pod.metadata.uid):
+        if pod_gone(api, ns, pod):
             break
         run_seeds_load(base, rounds=1)
     wait_for("the pod restarted by the operator",
-             lambda: gone(api, ns, "plain", pod.metadata.uid), timeout=60)
+             lambda: pod_gone(api, ns, pod), timeout=60)
     last = wait_for("lastRemediation", lambda: get_cr(api, ns, "plain").get("status", {}).get(
         "lastRemediation"))
     assert last["pod"] == pod.metadata.name

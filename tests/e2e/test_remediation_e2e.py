@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from kube_helpers import (
@@ -18,9 +17,15 @@ from kube_helpers import (
     deployment,
     events,
     get_cr,
+    is_ready,
     make_namespace,
+    managed_pods,
+    metric,
     patch_cr,
+    pod_gone,
+    sim_post,
     wait_for,
+    wait_ready_pods,
 )
 from kubernetes import client, watch
 
@@ -36,46 +41,6 @@ def sim(cluster, ns):
         yield s
 
 
-def post(ip, path, body):
-    req = urllib.request.Request(f"http://{ip}:8000{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=5) as rsp:
-        return json.loads(rsp.read())
-
-
-def pods(api, ns, name):
-    return client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=builders.get_selector(name)).items
-
-
-def is_ready(p):
-    return p.metadata.deletion_timestamp is None and any(
-        c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-
-
-def ready_pods(api, ns, name, n):
-    return wait_for(f"{n} ready pods", lambda: len(r := [p for p in pods(api, ns, name)
-                                                         if is_ready(p)]) >= n and r,
-                    timeout=90)
-
-
-def gone(api, ns, pod):
-    """The pod with this uid is deleting or deleted."""
-    for p in pods(api, ns, pod.metadata.labels["app.kubernetes.io/instance"]):
-        if p.metadata.uid == pod.metadata.uid:
-            return p.metadata.deletion_timestamp is not None
-    return True
-
-
-def metric(text, name, **labels):
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + ("{" + want + "}" if want else " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def health(**kw):
     base = {"tokenizerRetry": {"threshold": 3, "windowSeconds": 60, "action": "Restart"},
             "maxRestartsPerHour": 20, "minAvailable": 1}
@@ -86,9 +51,9 @@ def health(**kw):
 def test_retry_storm_restarts_the_pod(api, ns, sim, operator):
     before = operator.metrics()
     create(api, ns, cr("storm", replicas=2, health=health()))
-    a, _ = ready_pods(api, ns, "storm", 2)
-    post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
-    wait_for("pod restarted", lambda: gone(api, ns, a), timeout=30)
+    a, _ = wait_ready_pods(api, ns, "storm", 2)
+    sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
+    wait_for("pod restarted", lambda: pod_gone(api, ns, a), timeout=30)
     last = wait_for("lastRemediation", lambda: get_cr(api, ns, "storm").get("status", {}).get(
         "lastRemediation"))
     assert (last["pod"], last["action"], last["signature"]) == (a.metadata.name, "Restart",
@@ -100,17 +65,17 @@ def test_retry_storm_restarts_the_pod(api, ns, sim, operator):
         metric(before, "vlm_operator_detections_total", signature="tokenizer_retry") == 3
     assert metric(after, "vlm_operator_remediations_total", action="Restart") - \
         metric(before, "vlm_operator_remediations_total", action="Restart") == 1
-    ready_pods(api, ns, "storm", 2)  # the Deployment replaced it
+    wait_ready_pods(api, ns, "storm", 2)  # the Deployment replaced it
 
 
 def test_engine_death_restarts_before_the_container_exits(api, ns, sim):
     create(api, ns, cr("dead", replicas=2, health=health()))
-    a, _ = ready_pods(api, ns, "dead", 2)
+    a, _ = wait_ready_pods(api, ns, "dead", 2)
     core = client.CoreV1Api(api)
     w = watch.Watch()
     stream = w.stream(core.list_namespaced_pod, ns, timeout_seconds=30,
                       field_selector=f"metadata.name={a.metadata.name}")
-    post(a.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})
+    sim_post(a.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})
     deleting = next(ev["object"] for ev in stream if ev["object"].metadata.deletion_timestamp)
     w.stop()
     # acted on the log line: vllmsim exits 5 s after it, then the kubelet would restart it
@@ -132,18 +97,18 @@ def endpoint_ips(cluster, ns):
 def test_scale_down_drains_then_lowers_replicas(api, ns, sim, cluster):
     create(api, ns, cr("drain", replicas=3, health=health(
         tokenizerRetry={"threshold": 2, "windowSeconds": 60, "action": "ScaleDown"})))
-    a, *_ = ready_pods(api, ns, "drain", 3)
+    a, *_ = wait_ready_pods(api, ns, "drain", 3)
     ip = a.status.pod_ip
     wait_for("pod in the endpoints", lambda: ip in endpoint_ips(cluster, ns), timeout=30)
-    post(ip, "/sim/fault", {"fault": "load", "running": 1})  # an in-flight request
-    post(ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 2})
+    sim_post(ip, "/sim/fault", {"fault": "load", "running": 1})  # an in-flight request
+    sim_post(ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 2})
     core = client.CoreV1Api(api)
     wait_for("out of service", lambda: core.read_namespaced_pod(a.metadata.name, ns).metadata
              .labels.get(builders.IN_SERVICE_LABEL) == "false", timeout=30)
     wait_for("left the endpoints", lambda: ip not in endpoint_ips(cluster, ns), timeout=30)
-    assert not gone(api, ns, a)  # still draining its request
-    post(ip, "/sim/fault", {"fault": "clear"})
-    wait_for("deleted after the drain", lambda: gone(api, ns, a), timeout=30)
+    assert not pod_gone(api, ns, a)  # still draining its request
+    sim_post(ip, "/sim/fault", {"fault": "clear"})
+    wait_for("deleted after the drain", lambda: pod_gone(api, ns, a), timeout=30)
     wait_for("replicas lowered", lambda: get_cr(api, ns, "drain")["spec"]["replicas"] == 2)
     wait_for("deployment follows", lambda: deployment(api, ns, "drain").spec.replicas == 2)
     assert wait_for("ScaledDown event", lambda: events(api, ns, "drain", "ScaledDown"))
@@ -151,15 +116,15 @@ def test_scale_down_drains_then_lowers_replicas(api, ns, sim, cluster):
 
 def test_storm_on_all_pods_keeps_min_available(api, ns, sim):
     create(api, ns, cr("all", replicas=3, health=health(minAvailable=2)))
-    originals = ready_pods(api, ns, "all", 3)
+    originals = wait_ready_pods(api, ns, "all", 3)
     for p in originals:
-        post(p.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 5})
+        sim_post(p.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 5})
     lowest = 3
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(gone(api, ns, p) for p in originals):
-        lowest = min(lowest, sum(1 for p in pods(api, ns, "all") if is_ready(p)))
+    while time.monotonic() < deadline and not all(pod_gone(api, ns, p) for p in originals):
+        lowest = min(lowest, sum(1 for p in managed_pods(api, ns, "all") if is_ready(p)))
         time.sleep(0.1)
-    assert all(gone(api, ns, p) for p in originals), "the storm was not remediated"
+    assert all(pod_gone(api, ns, p) for p in originals), "the storm was not remediated"
     assert lowest >= 2
     assert events(api, ns, "all", "RemediationSkipped")
 
@@ -167,15 +132,15 @@ def test_storm_on_all_pods_keeps_min_available(api, ns, sim):
 def test_restart_budget_holds_and_sets_degraded(api, ns, sim):
     create(api, ns, cr("budget", replicas=2, health=health(maxRestartsPerHour=1,
                                                             minAvailable=0)))
-    a, b = ready_pods(api, ns, "budget", 2)
-    post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
-    wait_for("first restart", lambda: gone(api, ns, a), timeout=30)
-    post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
+    a, b = wait_ready_pods(api, ns, "budget", 2)
+    sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
+    wait_for("first restart", lambda: pod_gone(api, ns, a), timeout=30)
+    sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
     obj = wait_for("Degraded", lambda: (o := get_cr(api, ns, "budget")) and (
         c := condition(o, "Degraded")) and c["reason"] == "RestartBudgetExhausted" and o,
         timeout=30)
     assert condition(obj, "Degraded")["status"] == "True"
-    assert not gone(api, ns, b)
+    assert not pod_gone(api, ns, b)
     assert len(events(api, ns, "budget", "PodRestarted")) == 1
 
 
@@ -187,11 +152,11 @@ def test_operator_restart_does_not_act_twice(api, cluster):
             first = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", ns).start()
             create(api, ns, cr("twice", replicas=2, health=health(maxRestartsPerHour=1,
                                                                    minAvailable=0)))
-            a, b = ready_pods(api, ns, "twice", 2)
-            post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
+            a, b = wait_ready_pods(api, ns, "twice", 2)
+            sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                                  "count": 3})
-            wait_for("first restart", lambda: gone(api, ns, a), timeout=30)
-            post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
+            wait_for("first restart", lambda: pod_gone(api, ns, a), timeout=30)
+            sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                                  "count": 3})
             wait_for("held back by the budget", lambda: events(api, ns, "twice",
                                                                "RemediationSkipped"))
@@ -203,12 +168,12 @@ def test_operator_restart_does_not_act_twice(api, cluster):
                     second.metrics(), "vlm_operator_detections_total",
                     signature="tokenizer_retry") >= 3, timeout=30)
                 time.sleep(3)
-                assert not gone(api, ns, b)
+                assert not pod_gone(api, ns, b)
                 assert len(events(api, ns, "twice", "PodRestarted")) == 1
                 # a new incident after the restart is acted on
-                post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
+                sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                                      "count": 1})
-                wait_for("restart on the new incident", lambda: gone(api, ns, b), timeout=30)
+                wait_for("restart on the new incident", lambda: pod_gone(api, ns, b), timeout=30)
                 assert len(events(api, ns, "twice", "PodRestarted")) == 2
     finally:
         client.CoreV1Api(api).delete_namespace(ns)
@@ -233,11 +198,11 @@ def test_dropped_stream_loses_and_duplicates_nothing(api, cluster):
                 OperatorProcess(cluster.kubeconfig, "--standalone", "-n", ns) as op:
             create(api, ns, cr("drop", replicas=1, health=health(
                 tokenizerRetry={"threshold": 1, "windowSeconds": 60, "action": "Ignore"})))
-            (a,) = ready_pods(api, ns, "drop", 1)
+            (a,) = wait_ready_pods(api, ns, "drop", 1)
             ip = a.status.pod_ip
             n = 0
             for _ in range(6):
-                post(ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 50, "count": 20})
+                sim_post(ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 50, "count": 20})
                 n += 20
                 time.sleep(0.3)
                 assert _kill_operator_connections(op, cluster), "could not cut the connection"

@@ -54,8 +54,11 @@ def test_policy_defaults_and_mapping():
     custom = policy(engineDead={"threshold": 2, "windowSeconds": 30, "action": "ScaleDown"},
                     maxRestartsPerHour=1, minAvailable=0)
     assert custom.rule_for("engine_dead")[1] == Rule(2, 30.0, SCALE_DOWN)
-    extra = policy_from_spec({}, {"oom": "engineDead"})
-    assert extra.rule_for("oom")[0] == "engineDead"
+    extra = policy_from_spec({"health": {"extraSignatures": [
+        {"name": "cuda_oom", "regex": "CUDA out of memory", "action": "ScaleDown",
+         "threshold": 2}]}})
+    assert extra.rule_for("cuda_oom") == ("extra:cuda_oom", Rule(2, 60.0, SCALE_DOWN))
+    assert extra.rule_for("engine_dead")[0] == "engineDead"
 
 
 def test_window_slides_and_is_per_pod_and_key():

@@ -196,3 +196,31 @@ def test_secret_env_from_secret_ref_is_fine():
     vlmd = parse(cr(vllm={"env": [{"name": "VLLM_API_KEY", "valueFrom": {
         "secretKeyRef": {"name": "api", "key": "key"}}}]}))
     assert vlmd.spec["vllm"]["env"][0]["name"] == "VLLM_API_KEY"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ([{"name": "oom", "regex": ".*OOM"}],
+     "spec.health.extraSignatures[0].regex: must start with at least 3 literal characters"),
+    ([{"name": "oom", "regex": "CUDA (a+)+"}],
+     "spec.health.extraSignatures[0].regex: nested quantifier"),
+    ([{"name": "oom", "regex": "CUDA out of memory ("}],
+     "spec.health.extraSignatures[0].regex: invalid regular expression"),
+    ([{"name": "oom", "regex": "CUDA out"}, {"name": "oom", "regex": "NCCL error"}],
+     "spec.health.extraSignatures[1].name: duplicate signature name 'oom'"),
+    ([{"name": "engine_dead", "regex": "CUDA out"}],
+     "spec.health.extraSignatures[0].name: duplicate signature name 'engine_dead'"),
+    ([{"name": "Bad-Name", "regex": "CUDA out"}],
+     "spec.health.extraSignatures[0].name: 'Bad-Name' does not match"),
+    ([{"name": "oom", "regex": "CUDA out", "action": "Reboot"}],
+     "spec.health.extraSignatures[0].action: 'Reboot' is not one of"),
+])
+def test_extra_signature_problems(extra, expected):
+    found = problems_of(cr(health={"extraSignatures": extra}))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_extra_signatures_get_defaults():
+    vlmd = parse(cr(health={"extraSignatures": [{"name": "oom", "regex": "CUDA out of memory"}]}))
+    assert vlmd.spec["health"]["extraSignatures"] == [
+        {"name": "oom", "regex": "CUDA out of memory", "action": "Restart", "threshold": 1,
+         "windowSeconds": 60}]
