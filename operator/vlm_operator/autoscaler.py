@@ -82,8 +82,10 @@ def _pod_state(pod: dict) -> str:
 
 
 class Autoscaler:
-    def __init__(self, kube: Kube, clock: Callable[[], float] = time.time):
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None] = lambda ns, name: None,
+                 clock: Callable[[], float] = time.time):
         self.kube = kube
+        self.reconcile = reconcile  # refreshes status when a condition this reports changes
         self.clock = clock
         self.failing_pods: Callable[[str, str], set[str]] = lambda namespace, name: set()
         self._states: dict[Key, _State] = {}
@@ -241,7 +243,14 @@ class Autoscaler:
     def _set_limited(self, body: dict, state: _State, message: str | None) -> None:
         if message and state.limited is None:
             self.kube.post_event(body, Event("Warning", "ScalingLimited", message))
+        changed = (message is None) != (state.limited is None)
         state.limited = message
+        if changed:
+            meta = body["metadata"]
+            try:
+                self.reconcile(meta["namespace"], meta["name"])
+            except Exception as exc:  # the next event or resync publishes it
+                log.info("status refresh of %s/%s: %s", meta["namespace"], meta["name"], exc)
 
     def _record(self, vlmd: VLMDeployment, decision: a.Decision, samples: list[a.PodSample],
                 current: int, desired: int, reason: str, message: str, state: _State) -> None:

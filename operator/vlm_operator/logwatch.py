@@ -113,9 +113,20 @@ class Follower(threading.Thread):
         self.plugin: str | None = None
         self.engine_dead_at: float | None = None
         self._response = None
+        self._timer: threading.Timer | None = None
+
+    def recheck_at(self, when: float, fn: Callable[[Follower], None]) -> None:
+        """Call fn(self) at epoch time `when` (one pending recheck per follower)."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+        self._timer = threading.Timer(max(0.0, when - time.time()), fn, (self,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def stop(self) -> None:
         self.stopped.set()
+        if self._timer is not None:
+            self._timer.cancel()
         resp = self._response
         if resp is not None:
             with contextlib.suppress(Exception):  # best effort: the read timeout ends it anyway
@@ -341,27 +352,42 @@ class LogWatch:
                     if self.windows.count(pod, key, now, rule.window_s)}
         return out
 
-    def _pod_findings(self, follower: Follower, pod: dict) -> None:
+    def _pod_findings(self, follower: Follower, pod: dict) -> bool:
         owner = self._owner(follower.namespace, follower.owner)
-        findings = remediation.pod_findings(pod, now=time.time(),
+        now = time.time()
+        findings = remediation.pod_findings(pod, now=now,
                                             engine_dead_at=follower.engine_dead_at,
                                             plugin=follower.plugin)
+        changed = findings != owner.findings.get(follower.name)
         owner.findings[follower.name] = findings
+        due = remediation.unpatched_due(pod, plugin=follower.plugin)
+        if due is not None and due > now:  # no pod event comes when the grace runs out
+            follower.recheck_at(due + 1, self._recheck)
         for finding in findings:
             if finding.key in owner.events_sent:
                 continue
             owner.events_sent.add(finding.key)
             event = status.Event("Warning", finding.kind, finding.message)
             self._post(follower.namespace, follower.owner, pod, event)
+        return changed
+
+    def _recheck(self, follower: Follower) -> None:
+        """Findings again (a grace ran out, or the plugin's line came): status if they changed."""
+        if follower.stopped.is_set() or not follower.owner:
+            return
+        try:
+            if self._pod_findings(follower, follower.pod):
+                self.reconcile(follower.namespace, follower.owner)
+        except Exception:
+            log.exception("findings of %s/%s failed", follower.namespace, follower.name)
 
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
         DETECTIONS.labels(signature=det.signature).inc()
-        if det.signature == "plugin_active":
-            follower.plugin = "active"
-            return
-        if det.signature == "plugin_inactive":
-            follower.plugin = "inactive: " + det.fields.get("reason", "")
+        if det.signature in ("plugin_active", "plugin_inactive"):
+            follower.plugin = "active" if det.signature == "plugin_active" else \
+                "inactive: " + det.fields.get("reason", "")
+            self._recheck(follower)
             return
         if det.signature == "engine_dead":
             follower.engine_dead_at = t

@@ -260,17 +260,25 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     if waiting == "CrashLoopBackOff":
         out.append(Finding("CrashLoopBackOff", f"{name}: the vllm container is crash-looping "
                            f"({cs.get('restartCount', 0)} restarts)", f"{name}/crashloop"))
-    ready = _ready_condition(pod)
-    since = parse_time(ready.get("lastTransitionTime"))
+    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s)
     if plugin is not None and plugin.startswith("inactive"):
         out.append(Finding("Unpatched", f"{name}: tokenizer pool plugin {plugin}",
                            f"{name}/unpatched/{cs.get('restartCount', 0)}"))
-    elif (plugin is None and ready.get("status") == "True" and since is not None
-          and now - since > grace_s):
-        out.append(Finding("Unpatched", f"{name}: ready for {now - since:.0f} s without the "
-                           "tokenizer pool plugin's startup line",
+    elif due is not None and now > due:
+        out.append(Finding("Unpatched", f"{name}: ready for {now - due + grace_s:.0f} s without "
+                           "the tokenizer pool plugin's startup line",
                            f"{name}/unpatched/{cs.get('restartCount', 0)}"))
     return out
+
+
+def unpatched_due(pod: Mapping, *, plugin: str | None,
+                  grace_s: float = UNPATCHED_GRACE_S) -> float | None:
+    """When a ready pod without the plugin's startup line becomes Unpatched (None: it cannot)."""
+    ready = _ready_condition(pod)
+    since = parse_time(ready.get("lastTransitionTime"))
+    if plugin is not None or ready.get("status") != "True" or since is None:
+        return None
+    return since + grace_s
 
 
 def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.standalone:
             ensure_peering(api, args.peering, args.namespaces)
         memo.reconciler = Reconciler(Kube(api))
-        memo.autoscaler = Autoscaler(memo.reconciler.kube)
+        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.reconcile)
         memo.reconciler.report_providers += [memo.autoscaler.reports,
                                              memo.autoscaler.mode_reports]
         memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile)

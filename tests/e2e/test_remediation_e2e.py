@@ -216,3 +216,20 @@ def test_dropped_stream_loses_and_duplicates_nothing(api, cluster):
             assert metric(text, "vlm_operator_log_streams_ended_total") >= 1
     finally:
         client.CoreV1Api(api).delete_namespace(ns)
+
+
+def test_pods_without_the_plugin_line_are_reported_unpatched(api, ns, sim, operator):
+    create(api, ns, cr("patched", replicas=1, health=health()))
+    create(api, ns, cr("plain", replicas=1, health=health(),
+                       vllm={"env": [{"name": "VLM_SIM_PATCHED", "value": "0"}]}))
+    obj = wait_for("patched pod reported", lambda: (o := get_cr(api, ns, "patched")) and
+                   (c := condition(o, "Unpatched")) and c["status"] == "False" and o, timeout=90)
+    assert condition(obj, "Unpatched")["reason"] == "AllPodsPatched"
+    (pod,) = wait_ready_pods(api, ns, "plain", 1)
+    # No pod event comes when the 60 s grace runs out: the operator must look again by itself.
+    obj = wait_for("plain pod reported", lambda: (o := get_cr(api, ns, "plain")) and
+                   (c := condition(o, "Unpatched")) and c["status"] == "True" and o, timeout=150)
+    assert pod.metadata.name in condition(obj, "Unpatched")["message"]
+    warning = wait_for("Warning event", lambda: events(api, ns, "plain", "Unpatched"))
+    assert warning[0].type == "Warning"
+    assert not pod_gone(api, ns, pod)  # reported, not restarted: an unpatched engine still serves
