@@ -17,15 +17,21 @@ from vlm_operator.logwatch import LogWatch
 from vlm_operator.reconciler import Reconciler
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
+CONNECTION_POOL_SIZE = 64
 
 
 def _api_client() -> client.ApiClient:
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         # the client read $KUBECONFIG at import time, before run() set it: pass it explicitly
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    return client.ApiClient()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                client_configuration=configuration)
+    # One connection per busy thread (log followers, reconciles, autoscaler rounds): a smaller
+    # pool drops connections and pays a TLS handshake for each new one.
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    return client.ApiClient(configuration)
 
 
 def ensure_peering(api: client.ApiClient, name: str, namespaces: list[str]) -> None:
