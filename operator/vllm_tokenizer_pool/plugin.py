@@ -12,7 +12,7 @@ and never raises. What it patches depends on the installed vLLM (see `plan_for`)
   that imported the name) by the bounded pool; ours returns the tokenizer, which also fixes
   pickling on 0.21 - 0.23 (vLLM's returns None there, so a pickled pool unpickled to None).
 
-One startup line per process through logger "vllm.vlm_tokenizer_pool" (docs/HELPERS.md);
+One startup line per process through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md);
 when the pool size comes from vLLM's model config (0.19+) it is logged at the first pooling.
 """
 

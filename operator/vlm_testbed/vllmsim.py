@@ -181,7 +181,7 @@ def engine_dead_lines(version: str, pid: int, now: float | None = None) -> list[
 
 
 def plugin_line(version: str, proc: str, pid: int, env: dict[str, str]) -> str | None:
-    """The tokenizer-pool plugin's startup line (HELPERS.md contract), or None without a pool.
+    """The tokenizer-pool plugin's startup line (docs/contributing.md), or None without a pool.
     VLM_SIM_PATCHED=0: plugin absent (no line); =inactive: the failure line."""
     size = env.get("VLM_TOKENIZER_POOL_SIZE")
     patched = env.get("VLM_SIM_PATCHED", "1")
