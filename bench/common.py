@@ -1,6 +1,5 @@
-"""Helpers every benchmark shares: the machine description, percentiles, process stats, and a
-namespace ready for pods. Standard library only (the kubernetes client is imported lazily), so
-benchmarks running in the tokenizer or vLLM venvs can import it too."""
+"""Helpers every benchmark shares: the machine description, percentiles and process stats.
+Standard library only, so benchmarks running in the tokenizer or vLLM venvs can import it too."""
 
 from __future__ import annotations
 
@@ -56,19 +55,3 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def ready_namespace(core, name: str, timeout: float = 120) -> str:
-    """Create a namespace and wait for its default ServiceAccount token (pods need it on 1.20)."""
-    from kubernetes.client.exceptions import ApiException
-
-    core.create_namespace({"metadata": {"name": name}})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if core.read_namespaced_service_account("default", name).secrets:
-                return name
-        except ApiException:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"namespace {name}: no default ServiceAccount token after {timeout} s")

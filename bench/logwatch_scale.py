@@ -21,9 +21,14 @@ from pathlib import Path
 
 from kubernetes import client
 
-from common import cpu_seconds, machine, ready_namespace, rss_mib
+from common import cpu_seconds, machine, rss_mib
 from vlm_operator import builders, crd
-from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
+from vlm_testbed.controlplane import (
+    ControlPlane,
+    api_client_from_kubeconfig,
+    build,
+    ready_namespace,
+)
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -48,7 +53,7 @@ def main() -> int:
     with ControlPlane([crd.get_crd()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
-        ready_namespace(core, NS)
+        ready_namespace(api, NS)
         with NodeSimulator(cp.kubeconfig, nodes=1, gpus_per_node=args.pods, max_pods=args.pods
                            + 10, backoff_base=1.0, name_prefix="bench-scale") as sim, \
                 OperatorProcess(cp.kubeconfig, "--standalone", "-n", NS) as op:

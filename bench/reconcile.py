@@ -22,9 +22,15 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from common import cpu_seconds, machine, percentile, ready_namespace, rss_mib
+from common import cpu_seconds, machine, percentile, rss_mib
 from vlm_operator import crd
-from vlm_testbed.controlplane import K8S_VERSION, ControlPlane, api_client_from_kubeconfig, build
+from vlm_testbed.controlplane import (
+    K8S_VERSION,
+    ControlPlane,
+    api_client_from_kubeconfig,
+    build,
+    ready_namespace,
+)
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -123,11 +129,11 @@ def main() -> int:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
         print("latency: one VLMDeployment at a time", flush=True)
-        ns = ready_namespace(core, f"bench-{uuid.uuid4().hex[:6]}")
+        ns = ready_namespace(api, f"bench-{uuid.uuid4().hex[:6]}")
         lat = latency(api, ns, args.latency_count)
         core.delete_namespace(ns)
         print("burst: all at once", flush=True)
-        ns = ready_namespace(core, f"bench-{uuid.uuid4().hex[:6]}")
+        ns = ready_namespace(api, f"bench-{uuid.uuid4().hex[:6]}")
         bur = burst(api, ns, args.burst_count)
         print(f"  {bur}", flush=True)
         time.sleep(10)  # let the burst's event storm settle

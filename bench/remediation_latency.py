@@ -21,10 +21,15 @@ from pathlib import Path
 
 from kubernetes import client, watch
 
-from common import machine, percentile, ready_namespace
+from common import machine, percentile
 from vlm_operator import builders, crd
 from vlm_testbed import vllmsim
-from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
+from vlm_testbed.controlplane import (
+    ControlPlane,
+    api_client_from_kubeconfig,
+    build,
+    ready_namespace,
+)
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -47,7 +52,7 @@ def main() -> int:
     with ControlPlane([crd.get_crd()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
         core = client.CoreV1Api(api)
-        ready_namespace(core, NS)
+        ready_namespace(api, NS)
         deleted_at: dict[str, float] = {}
         stop = threading.Event()
 

@@ -470,6 +470,28 @@ def apply_manifests(api_client: Any, manifests: Iterable[dict | str | os.PathLik
 # --------------------------------------------------------------------------- control plane
 
 
+def ready_namespace(api_client: Any, name: str, timeout_s: float = 120.0) -> str:
+    """Create a namespace and wait until pods can be created in it: its default ServiceAccount
+    exists (and, before Kubernetes 1.24, has its token Secret)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    core.create_namespace({"metadata": {"name": name}})
+    need_secret = int(client.VersionApi(api_client).get_code().minor.rstrip("+")) < 24
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            sa = core.read_namespaced_service_account("default", name)
+            if sa.secrets or not need_secret:
+                return name
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        time.sleep(0.2)
+    raise TimeoutError(f"default ServiceAccount in {name} not ready in {timeout_s} s")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

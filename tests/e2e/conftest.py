@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from vlm_testbed.controlplane import (
     api_client_from_kubeconfig,
     build,
     kubectl_path,
+    ready_namespace,
 )
 
 E2E_DIR = Path(__file__).parent
@@ -88,23 +88,6 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
         yield Cluster(cp.kubeconfig, cp.kubectl, cp)
 
 
-def _wait_default_sa(core: Any, ns: str, need_secret: bool, timeout_s: float = 60.0) -> None:
-    """Pods are refused until the default ServiceAccount exists (and, before 1.24, its token)."""
-    from kubernetes.client.exceptions import ApiException
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            sa = core.read_namespaced_service_account("default", ns)
-            if sa.secrets or not need_secret:
-                return
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        time.sleep(0.2)
-    raise TimeoutError(f"default ServiceAccount in {ns} not ready in {timeout_s} s")
-
-
 @pytest.fixture
 def widget_crd() -> dict:
     """The small test CRD the local control plane knows from before its controllers started."""
@@ -118,14 +101,10 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     with cluster.api_client() as api:
-        core = client.CoreV1Api(api)
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         try:
-            minor = int(client.VersionApi(api).get_code().minor.rstrip("+"))
-            _wait_default_sa(core, name, need_secret=minor < 24)
-            yield name
+            yield ready_namespace(api, name)
         finally:
-            core.delete_namespace(name)
+            client.CoreV1Api(api).delete_namespace(name)
 
 
 # -- the operator under test (shared by the e2e modules)

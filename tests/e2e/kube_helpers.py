@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import builders, crd
+from vlm_testbed.controlplane import ready_namespace
 
 SESSION_NS_PREFIX = "e2e-op-"
 
@@ -33,12 +34,7 @@ def wait_for(what, fn, timeout=60.0, interval=0.25):
 
 
 def make_namespace(api, prefix):
-    name = f"{prefix}{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for("default service account",
-             lambda: core.read_namespaced_service_account("default", name).secrets)
-    return name
+    return ready_namespace(api, f"{prefix}{uuid.uuid4().hex[:6]}")
 
 
 def cr(name, **spec):
