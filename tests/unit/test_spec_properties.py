@@ -26,8 +26,9 @@ def test_schema_valid_specs_render_or_fail_cleanly(spec):
         assert all(":" in p for p in exc.problems)
         return
     children = builders.get_children(vlmd)
-    dep = children[-3]
-    assert dep["kind"] == "Deployment"
+    kinds = [c["kind"] for c in children]
+    assert kinds.count("Deployment") == 1 and kinds.count("Service") == 1
+    dep = children[kinds.index("Deployment")]
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == vlmd.spec["model"]
     assert all(isinstance(a, str) for a in args)
