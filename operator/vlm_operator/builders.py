@@ -54,6 +54,12 @@ def get_owner_references(vlmd: VLMDeployment) -> list[dict]:
     }]
 
 
+def is_controlled_by(obj: dict, uid: str | None) -> bool:
+    """Whether `obj`'s controller ownerReference is the VLMDeployment with `uid`."""
+    return bool(uid) and any(ref.get("controller") and ref.get("uid") == uid
+                             for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
 def _metadata(vlmd: VLMDeployment, name: str) -> dict:
     meta: dict[str, Any] = {"name": name, "namespace": vlmd.namespace,
                             "labels": get_labels(vlmd.name)}

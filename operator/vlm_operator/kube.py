@@ -128,12 +128,15 @@ class Kube:
             cached = self._keda = (served, now)
         return cached[0]
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete an object; False when it did not exist."""
+    def delete(self, api_version: str, kind: str, namespace: str, name: str,
+               uid: str | None = None) -> bool:
+        """Delete an object (only the one with `uid` when given); False when it did not exist
+        (or was replaced by another of the same name)."""
+        body = {"preconditions": {"uid": uid}} if uid else None
         try:
-            self._call("DELETE", object_path(api_version, kind, namespace, name))
+            self._call("DELETE", object_path(api_version, kind, namespace, name), body=body)
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (uid and exc.status == 409):
                 return False
             raise
         return True

@@ -110,11 +110,8 @@ class Reconciler:
     def _apply_children(self, body: dict, vlmd, drift: bool) -> None:
         hpa_version = self.kube.hpa_api_version
         keda = self.kube.keda_served()
-        for api_version, kind, child_name in autoscaling_builders.get_unwanted(
-                vlmd, hpa_version, keda):
-            if self.kube.delete(api_version, kind, vlmd.namespace, child_name):
-                self.kube.post_event(body, status.Event("Normal", "Deleted",
-                                                        f"Deleted {kind} {child_name}"))
+        if not drift:  # a new spec may no longer want an autoscaler an older one made
+            self._delete_unwanted(body, vlmd, hpa_version, keda)
         for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda):
             before, after = self.kube.apply(child)
             if not _changed(before, after):
@@ -127,6 +124,19 @@ class Reconciler:
             message = f"{verb} {kind} {child_name}"
             log.info("%s/%s: %s", vlmd.namespace, vlmd.name, message)
             self.kube.post_event(body, status.Event("Normal", reason, message))
+
+    def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
+        """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
+        the same name that is not ours (another controller's, a user's) stays."""
+        for api_version, kind, child_name in autoscaling_builders.get_unwanted(
+                vlmd, hpa_version, keda):
+            obj = self.kube.get(api_version, kind, vlmd.namespace, child_name)
+            if obj is None or not builders.is_controlled_by(obj, vlmd.uid):
+                continue
+            if self.kube.delete(api_version, kind, vlmd.namespace, child_name,
+                                uid=obj["metadata"]["uid"]):
+                self.kube.post_event(body, status.Event("Normal", "Deleted",
+                                                        f"Deleted {kind} {child_name}"))
 
 
 def owner_name(obj: dict) -> str | None:

@@ -165,6 +165,23 @@ def test_hpa_and_keda_children(api, ns):
         ext.delete_custom_resource_definition(definition["metadata"]["name"])
 
 
+def test_a_same_named_hpa_that_is_not_ours_stays(api, ns):
+    """Turning autoscaling off deletes only the HPA the VLMDeployment made: one a user (or
+    another controller) made under the same name is not the operator's to delete."""
+    theirs = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "autoscaling", "v2beta2", ns, "horizontalpodautoscalers", {
+            "apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "as-u"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                        "name": "as-u"}, "maxReplicas": 2}})
+    create(api, ns, cr("as-u", autoscaling=scaling(mode="Builtin")))
+    patch_cr(api, ns, "as-u", {"autoscaling": {"enabled": False}})
+    wait_for("the disabled spec observed", lambda: (o := get_cr(api, ns, "as-u")) and (
+        o.get("status") or {}).get("observedGeneration") == o["metadata"]["generation"])
+    assert hpa(api, ns, "as-u")["metadata"]["uid"] == theirs["metadata"]["uid"]
+    assert not [e for e in events(api, ns, "as-u") if e.reason == "Deleted"]
+
+
 def chat_with_images(pod_ip: str, images: int) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [

@@ -227,6 +227,16 @@ def test_owner_references_only_when_uid_known():
         assert child["metadata"]["namespace"] == "ml"
 
 
+def test_is_controlled_by_reads_the_controller_reference():
+    (child,) = [c for c in builders.get_children(vlmd(uid="1234")) if c["kind"] == "Service"]
+    assert builders.is_controlled_by(child, "1234")
+    assert not builders.is_controlled_by(child, "5678")
+    assert not builders.is_controlled_by(child, None)
+    child["metadata"]["ownerReferences"][0]["controller"] = False  # owned, not controlled
+    assert not builders.is_controlled_by(child, "1234")
+    assert not builders.is_controlled_by({"metadata": {}}, "1234")
+
+
 def test_builders_are_pure():
     obj = vlmd(uid="1", vllm={"extraArgs": ["--x"]})
     assert builders.get_children(obj) == builders.get_children(obj)

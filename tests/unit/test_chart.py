@@ -267,9 +267,9 @@ def test_autoscaler_objects_writable_only_when_enabled(helm):
         return {r: rule["verbs"] for _, rule in rules_of(docs) for r in rule["resources"]
                 if r in ("horizontalpodautoscalers", "scaledobjects")}
 
-    # Every reconcile deletes the autoscaler object a VLMDeployment does not want.
-    assert verbs(template(helm)) == {"horizontalpodautoscalers": ["delete"],
-                                     "scaledobjects": ["delete"]}
+    # A changed spec deletes the autoscaler object it no longer wants, after reading its owner.
+    assert verbs(template(helm)) == {"horizontalpodautoscalers": ["get", "delete"],
+                                     "scaledobjects": ["get", "delete"]}
     assert verbs(template(helm, *VARIANTS["cluster-hpa-keda"])) == {
-        "horizontalpodautoscalers": ["get", "create", "patch", "delete"],
-        "scaledobjects": ["get", "create", "patch", "delete"]}
+        "horizontalpodautoscalers": ["get", "delete", "create", "patch"],
+        "scaledobjects": ["get", "delete", "create", "patch"]}

@@ -78,10 +78,10 @@ What the operator does inside a watched namespace, read off the code:
   verbs: ["create"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: [{{ if .Values.rbac.hpa }}"get", "create", "patch", {{ end }}"delete"]
+  verbs: ["get", "delete"{{ if .Values.rbac.hpa }}, "create", "patch"{{ end }}]
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: [{{ if .Values.rbac.keda }}"get", "create", "patch", {{ end }}"delete"]
+  verbs: ["get", "delete"{{ if .Values.rbac.keda }}, "create", "patch"{{ end }}]
 {{- if not .Values.peering.standalone }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
