@@ -10,9 +10,10 @@ on "\\n" only (signatures.py relies on the "\\r" vLLM leaves on continuation lin
 Acting twice is prevented by: acting only on incidents newer than this process's start (a new
 operator re-reads whole logs), newer than what was recorded as acted on for the pod (pod
 annotation ACTED_UNTIL, written with the ScaleDown label flip; status.lastRemediation for
-Restart, since a restarted pod is gone), and by skipping pods already deleting or out of
-service. The hourly restart budget survives operator restarts in the VLMDeployment annotation
-HISTORY. Pods are tracked from kopf pod events (no kopf daemon: daemons put a finalizer on every
+Restart, since a restarted pod is gone), by skipping pods already deleting or out of service,
+and by leaving incidents to the active replica while kopf's peering pauses this one
+(peering.py). The hourly restart budget survives operator restarts in the VLMDeployment
+annotation HISTORY. Pods are tracked from kopf pod events (no kopf daemon: daemons put a finalizer on every
 pod, which would keep pods Terminating whenever the operator is down).
 """
 
@@ -258,9 +259,13 @@ class LogWatch:
     """Owns the followers; registered as a report provider on the Reconciler."""
 
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
-                 drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+                 drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                 may_act: Callable[[str], bool] | None = None) -> None:
+        """`may_act(namespace)`: whether this replica is the one that acts (peering.py); None
+        when it runs alone."""
         self.kube = kube
         self._reconcile = reconcile
+        self.may_act = may_act or (lambda namespace: True)
         self.started = time.time()
         self.drain_timeout_s = drain_timeout_s
         self.windows = remediation.Windows()
@@ -435,6 +440,11 @@ class LogWatch:
     def _decide(self, follower: Follower, owner: _Owner, signature: str, count: int,
                 t: float) -> None:
         ns, name = follower.namespace, follower.owner
+        if not self.may_act(ns):
+            REMEDIATIONS_SKIPPED.labels(reason="peer_active").inc()
+            log.info("%s/%s: %s on pod %s left to the active operator replica", ns, name,
+                     signature, follower.name)
+            return
         body = self._refresh(ns, name, owner)
         if body is None or owner.policy is None:
             return
@@ -503,6 +513,8 @@ class LogWatch:
 
     def _finish_scale_down_once(self, pod: dict) -> None:
         uid = pod["metadata"]["uid"]
+        if not self.may_act(pod["metadata"]["namespace"]):
+            return
         with self._lock:
             if uid in self._finishing:
                 return

@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.kube import Kube
 from vlm_operator.logwatch import LogWatch
+from vlm_operator.peering import Peering, get_identity
 from vlm_operator.reconciler import Reconciler
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     from vlm_operator import handlers  # noqa: F401  (registers the handlers)
 
+    identity = get_identity()
+
     @kopf.on.startup()
     def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         configure(settings, args)
@@ -93,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
         memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.reconcile)
         memo.reconciler.report_providers += [memo.autoscaler.reports,
                                              memo.autoscaler.mode_reports]
-        memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile)
+        peering = None if args.standalone else Peering(
+            memo.reconciler.kube, args.peering, identity, args.priority,
+            namespaced=bool(args.namespaces))
+        memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile,
+                                 may_act=peering.may_act if peering else None)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         if args.metrics_port:
@@ -102,5 +109,6 @@ def run(args: argparse.Namespace) -> int:
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(clusterwide=not args.namespaces, namespaces=args.namespaces,
              standalone=args.standalone, peering_name=None if args.standalone else args.peering,
-             priority=args.priority, liveness_endpoint=liveness, memo=kopf.Memo())
+             priority=args.priority, liveness_endpoint=liveness, memo=kopf.Memo(),
+             identity=identity)
     return 0
