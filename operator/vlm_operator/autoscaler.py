@@ -1,6 +1,6 @@
 """The Builtin autoscaler's acting side: scrape pods, ask autoscaling.py, write the results.
 
-One `tick` per VLMDeployment every few seconds (a kopf timer in handlers.py). Replicas are
+One `tick` per VLMDeployment every second (periodic.py). Replicas are
 written through the VLMDeployment's scale subresource, the last decision into
 status.autoscaling (only that key), inputs and outputs into the operator's metrics.
 

@@ -9,17 +9,15 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
-from vlm_operator.autoscaler import is_builtin
 from vlm_operator.metrics import RECONCILES
 from vlm_operator.reconciler import owner_name
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
-RESYNC_SECONDS = 300  # a safety net: child and pod events drive the real work
-AUTOSCALE_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
 
-def _reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
+def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
+    """One reconcile; API errors become kopf retries (`retry`) or a log line, never a crash."""
     try:
         memo.reconciler.reconcile(namespace, name)
     except ApiException as exc:
@@ -39,31 +37,22 @@ def _reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> No
 @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
 @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL)
 def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-    _reconcile(memo, namespace, name, retry=True)
+    reconcile(memo, namespace, name, retry=True)
     memo.logwatch.spec_changed(namespace, name)
 
 
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
-def vlmd_resync(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-    _reconcile(memo, namespace, name, retry=False)
-
-
-@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, when=lambda spec, **_: is_builtin(spec),
-             cancellation_timeout=10)
-async def vlmd_autoscale(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                         stopped: kopf.DaemonStopped, **_) -> None:
-    """Builtin autoscaling: one round every AUTOSCALE_SECONDS while the mode is Builtin.
-
-    A daemon, not a timer: kopf logs every timer run. Rounds run in a thread (blocking HTTP);
-    a failed round is logged and the next one tries again.
-    """
-    while not stopped:
-        try:
-            await asyncio.to_thread(memo.autoscaler.tick, body)
-        except Exception:
-            log.exception("autoscaling round of %s/%s failed", namespace, name)
-        await stopped.wait(AUTOSCALE_SECONDS)
-    memo.autoscaler.forget(namespace, name)
+@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
+    """Keep periodic.py's view current: it runs autoscaling rounds and the resync in threads of
+    its own, because kopf timers and daemons would put a finalizer on every VLMDeployment."""
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    if not meta.get("name"):
+        return
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        memo.periodic.untrack(meta["namespace"], meta["name"])
+    else:
+        memo.periodic.track(obj)
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
@@ -89,5 +78,5 @@ def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None
     """A child changed or vanished: restore drift and refresh the owner's status."""
     owner = owner_name(body)
     if owner:
-        _reconcile(memo, namespace, owner, retry=False)
+        reconcile(memo, namespace, owner, retry=False)
 

@@ -13,8 +13,8 @@ annotation ACTED_UNTIL, written with the ScaleDown label flip; status.lastRemedi
 Restart, since a restarted pod is gone), by skipping pods already deleting or out of service,
 and by leaving incidents to the active replica while kopf's peering pauses this one
 (peering.py). The hourly restart budget survives operator restarts in the VLMDeployment
-annotation HISTORY. Pods are tracked from kopf pod events (no kopf daemon: daemons put a finalizer on every
-pod, which would keep pods Terminating whenever the operator is down).
+annotation HISTORY. Pods are tracked from kopf pod events (no kopf daemon: daemons put a
+finalizer on every pod, which would keep pods Terminating whenever the operator is down).
 """
 
 from __future__ import annotations

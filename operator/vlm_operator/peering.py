@@ -65,11 +65,13 @@ class Peering:
             return f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/{self.name}"
         return f"/apis/kopf.dev/v1/clusterkopfpeerings/{self.name}"
 
-    def may_act(self, namespace: str) -> bool:
+    def may_act(self, namespace: str, fresh: bool = False) -> bool:
+        """`fresh`: read the peering object now (before a remediation); else a read up to
+        CACHE_SECONDS old will do (the periodic loops ask every second)."""
         key = namespace if self.namespaced else ""
         with self._lock:
             cached = self._cache.get(key)
-        if cached and time.monotonic() - cached[0] < CACHE_SECONDS:
+        if not fresh and cached and time.monotonic() - cached[0] < CACHE_SECONDS:
             return cached[1]
         try:
             body = self.kube._call("GET", self._path(namespace))

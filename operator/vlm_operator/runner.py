@@ -15,6 +15,7 @@ from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.kube import Kube
 from vlm_operator.logwatch import LogWatch
 from vlm_operator.peering import Peering, get_identity
+from vlm_operator.periodic import Periodic
 from vlm_operator.reconciler import Reconciler
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    from vlm_operator import handlers  # noqa: F401  (registers the handlers)
+    from vlm_operator import handlers  # registers the handlers on import
 
     identity = get_identity()
 
@@ -99,10 +100,15 @@ def run(args: argparse.Namespace) -> int:
         peering = None if args.standalone else Peering(
             memo.reconciler.kube, args.peering, identity, args.priority,
             namespaced=bool(args.namespaces))
-        memo.logwatch = LogWatch(memo.reconciler.kube, memo.reconciler.reconcile,
-                                 may_act=peering.may_act if peering else None)
+        memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
+            memo.reconciler.kube, memo.reconciler.reconcile,
+            may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
+        memo.periodic = Periodic(
+            tick=memo.autoscaler.tick, forget=memo.autoscaler.forget,
+            resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
+            may_act=peering.may_act if peering else None).start()
         if args.metrics_port:
             start_http_server(args.metrics_port)
 

@@ -91,6 +91,25 @@ def test_delete_garbage_collects_children(api, ns):
              and not core.list_namespaced_service(ns).items, timeout=60)
 
 
+def test_no_finalizer_so_deleting_never_waits_for_the_operator(api, ns):
+    """Autoscaling rounds and the resync run in the operator's own threads: kopf timers and
+    daemons would put a finalizer on the VLMDeployment, and deleting it would hang whenever the
+    operator is down (kopf adds one before its first handler call, so status means it is
+    settled)."""
+    create(api, ns, cr("eps", autoscaling={"enabled": True, "mode": "Builtin"}))
+    obj = wait_for("status", lambda: (o := get_cr(api, ns, "eps")).get("status", {}).get(
+        "observedGeneration") and o)
+    assert condition(obj, "SpecValid")["status"] == "True"
+    time.sleep(2)
+    assert not get_cr(api, ns, "eps")["metadata"].get("finalizers")
+    # the finalizer an older operator version (kopf timers) added goes at the next event
+    custom = client.CustomObjectsApi(api)
+    custom.patch_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, "eps", {
+        "metadata": {"finalizers": ["serving.vlm-operator.dev/finalizer"]}})
+    wait_for("the old finalizer removed",
+             lambda: not get_cr(api, ns, "eps")["metadata"].get("finalizers"), timeout=30)
+
+
 def test_drift_is_restored(api, ns):
     create(api, ns, cr("delta"))
     wait_for("deployment", lambda: deployment(api, ns, "delta"))

@@ -43,9 +43,14 @@ def test_a_paused_replica_leaves_the_incident_to_the_active_one(api, cluster):
                 sim_post(pod.status.pod_ip, "/sim/fault",
                          {"fault": "tokenizer_retry", "rate": 20, "count": 3})
                 wait_for("the pod restarted", lambda: pod_gone(api, ns, pod), timeout=30)
-                low_metrics = wait_for("the paused replica seeing the incident", lambda: (
-                    m := low.metrics()) and metric(
-                        m, "vlm_operator_remediations_skipped_total", reason="peer_active") and m)
+                try:
+                    low_metrics = wait_for("the paused replica seeing the incident", lambda: (
+                        m := low.metrics()) and metric(
+                            m, "vlm_operator_remediations_skipped_total", reason="peer_active")
+                        and m)
+                except AssertionError:
+                    print("low-priority replica:", low.log()[-6000:], sep="\n")
+                    raise
                 assert metric(low_metrics, "vlm_operator_detections_total",
                               signature="tokenizer_retry") >= 3
                 assert not any(metric(low_metrics, "vlm_operator_remediations_total", action=a)
