@@ -204,11 +204,12 @@ def write(result: dict) -> None:
     st, sr = result["steady_10min"], result["step_simulated"]
     lines = [
         "# Builtin autoscaler benchmark", "",
-        f"Machine: {result['machine']['platform']}, {result['machine']['cpus']} CPUs, "
+        f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} CPUs, "
         f"load avg {tuple(round(x, 1) for x in result['machine']['load_avg'])} at start "
-        "(shared with other sessions), Python "
+        "(a shared machine), Python "
         f"{result['machine']['python']}, kopf {result['machine']['kopf']}, kubernetes client "
-        f"{result['machine']['kubernetes_client']}, control plane v1.20.2.", "",
+        f"{result['machine']['kubernetes']}, control plane v1.20.2 (commit "
+        f"{result['machine']['commit']}).", "",
     ]
     if result.get("live"):
         lv = result["live"]
