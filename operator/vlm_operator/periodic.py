@@ -75,7 +75,8 @@ class Periodic:
             try:
                 fn()
             except Exception:  # a round must never end the loop
-                log.exception("periodic %s failed", fn.__name__)
+                if not self._stop.is_set():  # stopping cancels what a round still submits
+                    log.exception("periodic %s failed", fn.__name__)
             wait = max(0.0, seconds - (time.monotonic() - started))
 
     def _mine(self) -> list[dict]:

@@ -112,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port:
             start_http_server(args.metrics_port)
 
+    @kopf.on.cleanup()
+    def cleanup(memo: kopf.Memo, **_) -> None:
+        memo.periodic.stop()
+
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(clusterwide=not args.namespaces, namespaces=args.namespaces,
              standalone=args.standalone, peering_name=None if args.standalone else args.peering,
