@@ -154,7 +154,8 @@ def live(trials: int = 5) -> dict:
             if value:
                 return value
             time.sleep(every)
-        raise TimeoutError
+        raise TimeoutError(f"after {timeout} s; the autoscaler's last decision: "
+                           f"{get_cr(api, ns, 'bench').get('status', {}).get('autoscaling')}")
 
     build()
     ups, downs = [], []

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from vlm_operator.spec import with_defaults
 
-TOLERANCE = 0.1
+TOLERANCE = 0.2
 FAST_FACTOR = 1.5
 UP_WINDOW_S = 2.5
 SMOOTH_WINDOW_S = 30.0
