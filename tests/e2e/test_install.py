@@ -110,7 +110,7 @@ def assert_reconciled(api, namespace: str, name: str) -> dict:
 
 
 def delete_example(api, namespace: str, name: str) -> None:
-    """Delete the CR while the operator still runs, so its finalizer is removed."""
+    """Delete the CR and wait until it is gone."""
     custom = client.CustomObjectsApi(api)
     custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name)
 
