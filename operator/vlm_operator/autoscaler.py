@@ -17,12 +17,11 @@ pod names to remove first (empty by default; the log watcher sets it).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
@@ -85,7 +84,8 @@ class Autoscaler:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None] = lambda ns, name: None,
                  clock: Callable[[], float] = time.time):
         self.kube = kube
-        self.reconcile = reconcile  # refreshes status when a condition this reports changes
+        self.reconcile = reconcile  # publishes status when a condition this reports changes
+        # (Reconciler.refresh: logs its own errors)
         self.clock = clock
         self.failing_pods: Callable[[str, str], set[str]] = lambda namespace, name: set()
         self._states: dict[Key, _State] = {}
@@ -166,10 +166,10 @@ class Autoscaler:
         return a.share_gpus(free, fresh)[key]
 
     # -- one round
-    def tick(self, body: Mapping) -> a.Decision | None:
-        """One round for one VLMDeployment (body: kopf's live view or a plain dict)."""
+    def tick(self, body: dict) -> a.Decision | None:
+        """One round for one VLMDeployment (body: the plain-dict snapshot periodic.py keeps;
+        read, never changed)."""
         started = time.monotonic()
-        body = json.loads(json.dumps(dict(body)))  # a plain snapshot: validation wants dicts
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         try:
@@ -246,11 +246,7 @@ class Autoscaler:
         changed = (message is None) != (state.limited is None)
         state.limited = message
         if changed:
-            meta = body["metadata"]
-            try:
-                self.reconcile(meta["namespace"], meta["name"])
-            except Exception as exc:  # the next event or resync publishes it
-                log.info("status refresh of %s/%s: %s", meta["namespace"], meta["name"], exc)
+            self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
     def _record(self, vlmd: VLMDeployment, decision: a.Decision, samples: list[a.PodSample],
                 current: int, desired: int, reason: str, message: str, state: _State) -> None:

@@ -261,10 +261,11 @@ class LogWatch:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  drain_timeout_s: float = DRAIN_TIMEOUT_S,
                  may_act: Callable[[str], bool] | None = None) -> None:
-        """`may_act(namespace)`: whether this replica is the one that acts (peering.py); None
-        when it runs alone."""
+        """`reconcile(namespace, name)` publishes status after an action and logs its own errors
+        (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
+        (peering.py), None when it runs alone."""
         self.kube = kube
-        self._reconcile = reconcile
+        self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)
         self.started = time.time()
         self.drain_timeout_s = drain_timeout_s
@@ -298,13 +299,6 @@ class LogWatch:
                 and annotations.get(SCALE_DOWN_PHASE) == "draining"):
             self._finish_scale_down_once(pod)  # an operator restart interrupted the drain
         self._pod_findings(follower, pod)
-
-    def reconcile(self, namespace: str, name: str) -> None:
-        """Refresh the VLMDeployment's status after an action; errors are only logged."""
-        try:
-            self._reconcile(namespace, name)
-        except Exception as exc:  # the next pod event or resync retries
-            log.info("status refresh of %s/%s: %s", namespace, name, exc)
 
     def stop(self) -> None:
         with self._lock:

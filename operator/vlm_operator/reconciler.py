@@ -78,6 +78,14 @@ class Reconciler:
                 self._dirty.discard(key)
             raise
 
+    def refresh(self, namespace: str, name: str) -> None:
+        """reconcile after an action elsewhere (a remediation, an autoscaling condition) to
+        publish its status; errors are only logged: the next event or resync retries."""
+        try:
+            self.reconcile(namespace, name)
+        except Exception as exc:
+            log.info("status refresh of %s/%s: %s", namespace, name, exc)
+
     def _reconcile(self, body: dict) -> None:
         meta = body["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")

@@ -94,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.standalone:
             ensure_peering(api, args.peering, args.namespaces)
         memo.reconciler = Reconciler(Kube(api))
-        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.reconcile)
+        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.refresh)
         memo.reconciler.report_providers += [memo.autoscaler.reports,
                                              memo.autoscaler.mode_reports]
         peering = None if args.standalone else Peering(
             memo.reconciler.kube, args.peering, identity, args.priority,
             namespaced=bool(args.namespaces))
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
-            memo.reconciler.kube, memo.reconciler.reconcile,
+            memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
