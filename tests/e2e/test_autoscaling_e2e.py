@@ -209,5 +209,6 @@ def test_the_same_queue_scales_further_when_requests_carry_images(api, ns, clust
             chat_with_images(ip, 2)
         wait_for("scaled up for the images", lambda: replicas(api, ns, "as-mm") >= 3,
                  timeout=30)
-        assert get_cr(api, ns, "as-mm")["status"]["autoscaling"]["reason"].startswith(
-            "ScaleUp")
+        # status.autoscaling is written just after the replicas: wait for that round's record
+        wait_for("the ScaleUp decision in status", lambda: get_cr(api, ns, "as-mm")["status"][
+            "autoscaling"]["reason"].startswith("ScaleUp"), timeout=5, interval=0.05)

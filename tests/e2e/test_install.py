@@ -95,7 +95,8 @@ def assert_reconciled(api, namespace: str, name: str) -> dict:
     kube = Kube(api)
     dep = wait_for("deployment", lambda: apps.read_namespaced_deployment(name, namespace))
     assert dep.metadata.labels["app.kubernetes.io/managed-by"] == "vlm-operator"
-    assert core.read_namespaced_service(name, namespace).spec.ports[0].port == 8000
+    service = wait_for("service", lambda: core.read_namespaced_service(name, namespace))
+    assert service.spec.ports[0].port == 8000
     wait_for("pdb", lambda: kube.get(kube.pdb_api_version, "PodDisruptionBudget", namespace,
                                      name))
     wait_for("pvc", lambda: core.list_namespaced_persistent_volume_claim(
