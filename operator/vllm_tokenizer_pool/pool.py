@@ -6,16 +6,27 @@ races: tokenizers <= 0.22.2 raises ``RuntimeError: Already borrowed`` in the thr
 setter while another thread encodes; tokenizers >= 0.23.1 no longer raises but silently encodes
 with the other thread's truncation/padding (wrong results).
 
-Scheme: ``make_thread_safe(tok, copies)`` deep-copies ``tok`` ``copies`` times up front and swaps
-``tok.__class__`` *in place* for a subclass (so every holder of the object, e.g. vLLM's
-multimodal processor, is protected; ``isinstance`` still holds). Every public method, plus
-``__call__`` and ``__len__``, borrows one free copy from a ``queue.SimpleQueue`` for the duration
-of the call, so each Rust tokenizer is used by one thread at a time on any tokenizers version.
-When all copies are busy a caller blocks in ``SimpleQueue.get`` (C code, GIL released) until one
-is returned: it never deep-copies on the hot path (vLLM's ``maybe_make_thread_pool`` does, holding
-the GIL for ~0.5 s per copy of a 151k vocabulary and growing to the peak number of callers).
-At most ``copies + 1`` tokenizers are alive: the copies and the original, whose own Rust object
-is only used for attribute/property reads, which hold the GIL.
+Scheme: ``make_thread_safe(tok, copies)`` makes ``copies`` private copies of ``tok`` up front and
+swaps ``tok.__class__`` *in place* for a subclass (so every holder of the object, e.g. vLLM's
+multimodal processor, is protected; ``isinstance`` and the class name still hold). Every public
+method, plus ``__call__`` and ``__len__``, borrows one free copy for the duration of the call, so
+each Rust tokenizer is used by one thread at a time on any tokenizers version. It never deep-copies
+on the hot path (vLLM's ``maybe_make_thread_pool`` does when its queue is empty, holding the GIL
+~0.5 s per copy of a 151k vocabulary and growing to the peak number of callers).
+
+Waiting is fair and bounded:
+- Copies are handed to waiters in arrival order (a returned copy goes straight to the longest
+  waiter). A plain queue lets the thread that just returned a copy, still holding the GIL, take
+  it back: measured with 2 copies and 32 threads, 29 threads completed no call in 3 s.
+- Callers on a thread that runs an asyncio event loop are served before worker threads: while
+  they wait, the whole server waits.
+- A copy held longer than ``hold_deadline_s`` (default 30 s: vLLM abandons a chat-template render
+  after 30 s, and its thread keeps running with the copy) is written off: the next waiter gets a
+  fresh copy instead, and the old one is dropped when it comes back. At most ``copies`` copies are
+  written off at a time, so at most ``2 * copies + 1`` tokenizers are ever alive (the copies,
+  their replacements and the original). A caller that finds no copy, no written-off slot and no
+  copy due back within the deadline raises ``TimeoutError`` rather than waiting for ever.
+The original's own Rust object is only used for attribute/property reads, which hold the GIL.
 
 Why not copies keyed by truncation/padding settings (same-setting threads sharing one copy never
 call a setter, so they never collide on 0.22 and are correct on 0.23's rwlock)? Measured with
@@ -44,27 +55,39 @@ Mutations after wrapping:
 - Consecutive calls may run on different copies (identical state, so identical results); use
   ``borrow(tok)`` to run several calls on one copy.
 
+Private copies are made from the object's current state (its ``__dict__``, deep-copied), never
+through its class's ``__reduce__``: vLLM's cached-tokenizer classes rebuild from the tokenizer as
+first loaded, which would drop a ``chat_template`` or tokens added since.
+
 Pickling or ``copy.deepcopy`` of a wrapped tokenizer yields a new wrapped tokenizer with its own
 ``copies`` copies; so does ``copy.copy`` (a shallow copy would share the original's Rust object
-and pool, and diverge on mutation). Tokenizers that are not HF fast tokenizers (no Rust
-``tokenizers.Tokenizer``) are returned unchanged. A tokenizer already wrapped by vLLM's
-``maybe_make_thread_pool`` is re-wrapped by this pool (vLLM's unbounded copies are dropped).
+and pool, and diverge on mutation). Pickling goes through the unwrapped class: for vLLM's
+cached-tokenizer classes (defined inside a function, so only picklable through their own
+``__reduce__``) that is vLLM's rebuild from the tokenizer as first loaded, exactly as without the
+pool. Only HF fast tokenizers are wrapped: instances of transformers' ``PreTrainedTokenizerFast``
+(``TokenizersBackend`` in 5.x), whatever their Rust object is (vLLM's ``fastokens`` mode swaps in
+a shim), or any object holding a ``tokenizers.Tokenizer``; others are returned unchanged. A
+tokenizer already wrapped by vLLM's ``maybe_make_thread_pool`` is re-wrapped by this pool (vLLM's
+unbounded copies are dropped).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import inspect
 import os
-import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["borrow", "is_thread_safe", "make_thread_safe", "pool_size_from_env"]
+__all__ = ["borrow", "is_thread_safe", "make_thread_safe", "pool_size_from_env", "pool_stats"]
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
+DEFAULT_HOLD_DEADLINE_S = 30.0  # vLLM's VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT default
 
 # Public methods that change tokenizer state: applied to the original and to every copy.
 _MUTATORS = frozenset(
@@ -74,6 +97,7 @@ _MUTATORS = frozenset(
 _ROUTED_DUNDERS = ("__call__", "__len__")
 _VLLM_POOL_MARKER = "ThreadSafeHFTokenizerMixin"
 _POOL_ATTR = "_vlm_tokenizer_pool"
+_CLASS_ATTR = "_vlm_thread_safe_class"  # on the base class: its wrapper class, made once
 
 _T = TypeVar("_T")
 
@@ -82,29 +106,116 @@ class ThreadSafeTokenizerMixin:
     """Marker base of every class made by ``make_thread_safe``."""
 
 
-class _Pool:
-    """The private copies; ``owner`` is the thread holding all of them during a mutation."""
+class _Waiter:
+    """One blocked caller: its lock is released when a copy is handed to it."""
 
-    def __init__(self, copies: list[Any]) -> None:
+    __slots__ = ("lock", "tok")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.tok: Any = None
+
+
+def _on_event_loop() -> bool:
+    return asyncio._get_running_loop() is not None
+
+
+class _Pool:
+    """The private copies, handed out in arrival order (event-loop callers first), with every
+    wait bounded by the hold deadline; ``owner`` is the thread holding all of them during a
+    mutation."""
+
+    def __init__(
+        self, copies: list[Any], make_copy: Callable[[], Any], hold_deadline_s: float
+    ) -> None:
         self.size = len(copies)
-        self.free: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for tok in copies:
-            self.free.put(tok)
+        self.make_copy = make_copy
+        self.hold_deadline_s = hold_deadline_s
+        self.lock = threading.Lock()
+        self.free: deque[Any] = deque(copies)
+        self.waiters: deque[_Waiter] = deque()
+        self.loop_waiters: deque[_Waiter] = deque()
+        self.held: dict[int, float] = {}  # id(copy) -> when it was handed out
+        self.written_off: set[int] = set()  # held past the deadline and replaced
+        self.replaced = 0
         self.owner: int | None = None
         self.mutation_lock = threading.Lock()
+
+    def acquire(self) -> Any:
+        loop = _on_event_loop()
+        with self.lock:
+            if self.free and not self.loop_waiters and (loop or not self.waiters):
+                tok = self.free.popleft()
+                self.held[id(tok)] = time.monotonic()
+                return tok
+            waiter = _Waiter()
+            queue = self.loop_waiters if loop else self.waiters
+            queue.append(waiter)
+            arrived = time.monotonic()
+        while True:
+            with self.lock:
+                oldest = min(self.held.values(), default=arrived)
+            due = min(oldest, arrived) + self.hold_deadline_s
+            if waiter.lock.acquire(timeout=max(0.0, due - time.monotonic())):
+                return waiter.tok
+            with self.lock:
+                if waiter.tok is not None:  # handed over between the timeout and this lock
+                    return waiter.tok
+                stale = self._stale(time.monotonic())
+                if stale is None and time.monotonic() < arrived + self.hold_deadline_s:
+                    continue  # the copy we timed on was returned meanwhile: wait again
+                queue.remove(waiter)
+                if stale is None or len(self.written_off) >= self.size:
+                    raise TimeoutError(
+                        f"no tokenizer copy free within {self.hold_deadline_s} s "
+                        f"({self.size} copies, {len(self.written_off)} written off while held)"
+                    )
+                del self.held[stale]
+                self.written_off.add(stale)
+                self.replaced += 1
+            tok = self.make_copy()  # outside the lock: a deep copy holds the GIL a while
+            with self.lock:
+                self.held[id(tok)] = time.monotonic()
+            return tok
+
+    def _stale(self, now: float) -> int | None:
+        """The copy held longest, if held past the deadline."""
+        if not self.held:
+            return None
+        key = min(self.held, key=self.held.__getitem__)
+        return key if now - self.held[key] >= self.hold_deadline_s else None
+
+    def release(self, tok: Any) -> None:
+        with self.lock:
+            key = id(tok)
+            if key in self.written_off:  # replaced while held: dropped
+                self.written_off.discard(key)
+                return
+            queue = self.loop_waiters or self.waiters
+            if not queue:
+                self.held.pop(key, None)
+                self.free.append(tok)
+                return
+            waiter = queue.popleft()
+            waiter.tok = tok
+            self.held[key] = time.monotonic()
+        waiter.lock.release()
 
     @contextlib.contextmanager
     def all_copies(self) -> Iterator[list[Any]]:
         """Hold every copy (waiting for in-flight calls): the caller may mutate them all."""
         with self.mutation_lock:
-            held = [self.free.get() for _ in range(self.size)]
-            self.owner = threading.get_ident()
+            held: list[Any] = []
             try:
+                for _ in range(self.size):
+                    held.append(self.acquire())
+                self.owner = threading.get_ident()
                 yield held
             finally:
                 self.owner = None
                 for tok in held:
-                    self.free.put(tok)
+                    self.release(tok)
 
 
 def is_thread_safe(tokenizer: object) -> bool:
@@ -113,6 +224,11 @@ def is_thread_safe(tokenizer: object) -> bool:
 
 
 def _is_fast(tokenizer: object) -> bool:
+    with contextlib.suppress(ImportError):
+        from transformers import PreTrainedTokenizerFast
+
+        if isinstance(tokenizer, PreTrainedTokenizerFast):
+            return True
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -127,6 +243,17 @@ def _unpooled_class(cls: type) -> type:
     return cls
 
 
+def _state(tokenizer: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(tokenizer).items() if k != _POOL_ATTR}
+
+
+def _private_copy(cls: type, state: dict[str, Any]) -> Any:
+    """An independent tokenizer of ``cls`` with a deep copy of ``state``."""
+    tok = object.__new__(cls)
+    tok.__dict__.update(copy.deepcopy(state))
+    return tok
+
+
 def _routed(base: type, name: str) -> Callable[..., Any]:
     base_fn = getattr(base, name)
 
@@ -134,11 +261,11 @@ def _routed(base: type, name: str) -> Callable[..., Any]:
         pool: _Pool = self.__dict__[_POOL_ATTR]
         if pool.owner == threading.get_ident():  # inside a mutation of this tokenizer
             return base_fn(self, *args, **kwargs)
-        tok = pool.free.get()
+        tok = pool.acquire()
         try:
             return getattr(tok, name)(*args, **kwargs)
         finally:
-            pool.free.put(tok)
+            pool.release(tok)
 
     method.__name__ = name
     method.__doc__ = base_fn.__doc__
@@ -182,8 +309,9 @@ def _setattr(base: type) -> Callable[[Any, str, Any], None]:
 def _reduce(base: type) -> Callable[[Any], tuple[Any, ...]]:
     def __reduce__(self: Any) -> tuple[Any, ...]:
         plain = object.__new__(base)
-        plain.__dict__.update((k, v) for k, v in self.__dict__.items() if k != _POOL_ATTR)
-        return make_thread_safe, (plain, self.__dict__[_POOL_ATTR].size)
+        plain.__dict__.update(_state(self))
+        pool: _Pool = self.__dict__[_POOL_ATTR]
+        return make_thread_safe, (plain, pool.size)
 
     return __reduce__
 
@@ -193,51 +321,73 @@ def _copy(self: Any) -> Any:
     return copy.deepcopy(self)
 
 
-_CLASSES: dict[type, type] = {}
-_CLASSES_LOCK = threading.Lock()
-
-
 def _thread_safe_class(base: type) -> type:
-    with _CLASSES_LOCK:
-        cls = _CLASSES.get(base)
-        if cls is not None:
-            return cls
-        namespace: dict[str, Any] = {
-            "__setattr__": _setattr(base),
-            "__reduce__": _reduce(base),
-            "__copy__": _copy,
-            "__module__": base.__module__,
-            "__qualname__": f"ThreadSafe{base.__qualname__}",
-        }
-        for name in [*dir(base), *_ROUTED_DUNDERS]:
-            if name.startswith("_") and name not in _ROUTED_DUNDERS:
-                continue
-            attr = inspect.getattr_static(base, name, None)
-            if not inspect.isfunction(attr):  # properties, class/static methods, data
-                continue
-            namespace[name] = (_mutator if name in _MUTATORS else _routed)(base, name)
-        cls = type(f"ThreadSafe{base.__name__}", (base, ThreadSafeTokenizerMixin), namespace)
-        _CLASSES[base] = cls
+    """The wrapper class of ``base``, kept on ``base`` itself: it lives and dies with it (vLLM
+    makes a new cached-tokenizer class on every unpickle; a global table would keep them all)."""
+    cls = base.__dict__.get(_CLASS_ATTR)
+    if cls is not None:
         return cls
+    namespace: dict[str, Any] = {
+        "__setattr__": _setattr(base),
+        "__reduce__": _reduce(base),
+        "__copy__": _copy,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,  # what vLLM's /tokenizer_info reports
+    }
+    for name in [*dir(base), *_ROUTED_DUNDERS]:
+        if name.startswith("_") and name not in _ROUTED_DUNDERS:
+            continue
+        attr = inspect.getattr_static(base, name, None)
+        if not inspect.isfunction(attr):  # properties, class/static methods, data
+            continue
+        namespace[name] = (_mutator if name in _MUTATORS else _routed)(base, name)
+    cls = type(base.__name__, (base, ThreadSafeTokenizerMixin), namespace)
+    type.__setattr__(base, _CLASS_ATTR, cls)  # two racing first calls: either class works
+    return cls
 
 
-def make_thread_safe(tokenizer: _T, copies: int) -> _T:
+def make_thread_safe(
+    tokenizer: _T, copies: int, *, hold_deadline_s: float = DEFAULT_HOLD_DEADLINE_S
+) -> _T:
     """Make ``tokenizer`` (in place, and return it) safe to call from any number of threads.
 
-    Deep-copies it ``copies`` times now; each call then runs on a free copy, waiting for one
-    when all are busy. A no-op for an already wrapped tokenizer or a non-fast tokenizer.
+    Makes ``copies`` private copies now; each call then runs on a free copy, waiting (in arrival
+    order, at most ``hold_deadline_s``) when all are busy. A no-op for an already wrapped
+    tokenizer or one that is not an HF fast tokenizer.
     """
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         raise ValueError(f"copies must be an int >= 1, got {copies!r}")
+    if not hold_deadline_s > 0:
+        raise ValueError(f"hold_deadline_s must be > 0, got {hold_deadline_s!r}")
     if is_thread_safe(tokenizer) or not _is_fast(tokenizer):
         return tokenizer
     base = _unpooled_class(type(tokenizer))
+    state = _state(tokenizer)
+    private = [_private_copy(base, state) for _ in range(copies)]
     if base is not type(tokenizer):
-        tokenizer.__class__ = base  # drop vLLM's pool: deep copies below must be plain
-    private = [copy.deepcopy(tokenizer) for _ in range(copies)]
-    object.__setattr__(tokenizer, _POOL_ATTR, _Pool(private))
+        tokenizer.__class__ = base  # drop vLLM's pool class
+
+    def make_copy() -> Any:  # a replacement, from the original's state at that moment
+        return _private_copy(base, _state(tokenizer))
+
+    object.__setattr__(tokenizer, _POOL_ATTR, _Pool(private, make_copy, hold_deadline_s))
     tokenizer.__class__ = _thread_safe_class(base)
     return tokenizer
+
+
+def pool_stats(tokenizer: object) -> dict[str, int] | None:
+    """Size, free copies, waiting callers and copies replaced after the hold deadline; None for a
+    tokenizer that is not wrapped."""
+    pool: _Pool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
+    if pool is None:
+        return None
+    with pool.lock:
+        return {
+            "size": pool.size,
+            "free": len(pool.free),
+            "waiting": len(pool.waiters) + len(pool.loop_waiters),
+            "replaced": pool.replaced,
+        }
 
 
 @contextlib.contextmanager
@@ -252,11 +402,11 @@ def borrow(tokenizer: _T) -> Iterator[_T]:
     if pool is None:
         yield tokenizer
         return
-    tok = pool.free.get()
+    tok = pool.acquire()
     try:
         yield tok
     finally:
-        pool.free.put(tok)
+        pool.release(tok)
 
 
 def pool_size_from_env(default: int) -> int:

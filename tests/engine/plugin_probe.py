@@ -6,11 +6,16 @@ processor the way AsyncLLM does in the installed version, finds every tokenizer 
 one JSON report on the last stdout line. vLLM's log lines go to stdout/stderr as in production.
 
 Usage: python plugin_probe.py MODEL_DIR [--renderer-workers N] [--fake-version V]
+                              [--tokenizer-mode MODE] [--concurrency] [--no-plugin]
+--concurrency (0.21+) drives the renderer's own executors with mixed-truncation tokenizer calls
+and chat-template renders instead, and checks that an event-loop call completes while every
+renderer thread holds a copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import pickle
@@ -66,11 +71,12 @@ def _patched_targets() -> dict[str, dict]:
     return out
 
 
-def build_input_processor(model_dir: str, renderer_workers: int):
+def build_input_processor(model_dir: str, renderer_workers: int, tokenizer_mode: str = "auto"):
     """vLLM's engine-side input processor, built the way AsyncLLM builds it in this version."""
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
-    kwargs = {"model": model_dir, "dtype": "float32", "max_model_len": 256}
+    kwargs = {"model": model_dir, "dtype": "float32", "max_model_len": 256,
+              "tokenizer_mode": tokenizer_mode}
     if renderer_workers > 1:  # 0.19+; vLLM refuses it with the multimodal processor cache on
         kwargs |= {"renderer_num_workers": renderer_workers, "mm_processor_cache_gb": 0}
     # device "cpu": with the plain vllm wheel (CUDA build) and no GPU, "auto" cannot infer one.
@@ -102,11 +108,107 @@ def mm_processors(ip) -> list:
     return [ip.input_preprocessor._get_mm_processor()]  # 0.11 - 0.16
 
 
+TEXTS = [
+    "a picture of a dog " * 30,
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    "What is in the image? A cat, a dog and 42 birds. " * 9,
+]
+SETTINGS = [{}, {"truncation": True, "max_length": 7}, {"truncation": True, "max_length": 40},
+            {"padding": "max_length", "max_length": 64, "truncation": True}]
+
+
+def _live_tokenizers() -> int:
+    from transformers import PreTrainedTokenizerBase
+
+    gc.collect()
+    return sum(isinstance(o, PreTrainedTokenizerBase) for o in gc.get_objects())
+
+
+def concurrency(model_dir: str, workers: int, tokenizer_mode: str) -> dict:
+    """Mixed-truncation calls and chat-template renders on the renderer's own executors, then an
+    event-loop decode while every renderer thread holds a copy."""
+    import asyncio
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from vllm_tokenizer_pool import borrow, pool_stats
+
+    ip = build_input_processor(model_dir, workers, tokenizer_mode)
+    renderer = ip.renderer
+    tok = renderer.tokenizer
+    executors = [renderer._executor]
+    mm_executor = getattr(renderer, "_mm_executor", None)
+    if mm_executor is not None and mm_executor is not renderer._executor:
+        executors.append(mm_executor)
+    reference = AutoTokenizer.from_pretrained(model_dir)
+    for side in ("truncation_side", "padding_side"):  # vLLM truncates prompts from the left
+        setattr(reference, side, getattr(tok, side))
+    cases = [(t, s) for t in TEXTS for s in SETTINGS]
+    expected = [reference([t, t[:50]], **s)["input_ids"] for t, s in cases]
+    messages = [{"role": "user", "content": "Describe a quick brown fox."}]
+    want_chat = tok.apply_chat_template(messages, tokenize=False)  # the renderer's own template
+    out = {"renderer": type(renderer).__name__, "renderer_threads": workers,
+           "backend": type(vars(tok).get("_tokenizer")).__name__,  # a shim with fastokens
+           "executors": len(executors), "pool": pool_stats(tok), "errors": [], "wrong": 0}
+    live_before = _live_tokenizers()
+
+    def call(i: int) -> None:
+        text, settings = cases[i % len(cases)]
+        try:
+            if i % 5 == 0:  # a chat-template render on the same tokenizer
+                if tok.apply_chat_template(messages, tokenize=False) != want_chat:
+                    out["wrong"] += 1
+            elif tok([text, text[:50]], **settings)["input_ids"] != expected[i % len(cases)]:
+                out["wrong"] += 1
+        except Exception as exc:
+            out["errors"].append(repr(exc))
+
+    async def hammer() -> int:
+        loop = asyncio.get_running_loop()
+        calls = [loop.run_in_executor(executors[i % len(executors)], call, i)
+                 for i in range(2000)]
+        await asyncio.gather(*calls)
+        return len(calls)
+
+    out["calls"] = asyncio.run(hammer())
+    out["live_tokenizers_growth"] = _live_tokenizers() - live_before
+
+    async def loop_call_while_workers_busy() -> None:
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        holding = threading.Semaphore(0)
+
+        def hold() -> None:
+            with borrow(tok):
+                holding.release()
+                release.wait(60)
+
+        held = [loop.run_in_executor(ex, hold) for ex in executors
+                for _ in range(getattr(ex, "_max_workers", 1))]
+        for _ in held:
+            await loop.run_in_executor(None, holding.acquire)
+        out["held_by_renderer_threads"] = len(held)
+        out["free_while_held"] = pool_stats(tok)["free"]
+        ids = reference("a picture of a dog")["input_ids"]
+        out["loop_decode_ok"] = tok.decode(ids) == reference.decode(ids)  # on the loop thread
+        out["renderer_threads_still_holding"] = not release.is_set()
+        release.set()
+        await asyncio.gather(*held)
+
+    if out["pool"] is not None:  # the plugin is loaded
+        asyncio.run(loop_call_while_workers_busy())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
     parser.add_argument("--renderer-workers", type=int, default=1)
     parser.add_argument("--fake-version")
+    parser.add_argument("--tokenizer-mode", default="auto")
+    parser.add_argument("--concurrency", action="store_true")
+    parser.add_argument("--no-plugin", action="store_true", help="plain vLLM (with VLLM_PLUGINS)")
     args = parser.parse_args()
     model_dir, fake = args.model_dir, args.fake_version
     import vllm
@@ -119,14 +221,20 @@ def main() -> None:
 
     load_general_plugins()  # discovers our entry point, as every vLLM process does
     before = _patched_targets()
-    plugin.register()  # twice more: must be a no-op
-    plugin.register()
+    if not args.no_plugin:
+        plugin.register()  # twice more: must be a no-op
+        plugin.register()
     report: dict = {
         "version": vllm.__version__,
         "second_register_noop": before == _patched_targets(),
     }
     if fake is not None:
         report["targets"] = before
+        print(json.dumps(report))
+        return
+
+    if args.concurrency:
+        report |= concurrency(model_dir, args.renderer_workers, args.tokenizer_mode)
         print(json.dumps(report))
         return
 

@@ -8,7 +8,9 @@ objects they hold. Skipped where vLLM is not installed (the main dev venv).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -52,28 +54,47 @@ def test_plan_per_version_range():
     assert plugin.plan_for((1, 0, 0)) is None
     old = plugin.plan_for((0, 11, 0))
     assert [h.target for h in old.ctor_hooks] == [
-        "vllm.inputs.preprocess.InputPreprocessor.__init__",
         "vllm.multimodal.processing.InputProcessingContext.__init__",
+        "vllm.inputs.preprocess.InputPreprocessor.__init__",
     ]
     assert (
-        plugin.plan_for((0, 16, 0)).ctor_hooks[0].target == "vllm.renderers.hf.HfRenderer.__init__"
+        plugin.plan_for((0, 16, 0)).ctor_hooks[1].target == "vllm.renderers.hf.HfRenderer.__init__"
     )
-    assert plugin.plan_for((0, 18, 1)).ctor_hooks[0].target == (
+    assert plugin.plan_for((0, 18, 1)).ctor_hooks[1].target == (
         "vllm.renderers.base.BaseRenderer.__init__"
     )
     assert not plugin.plan_for((0, 18, 1)).size_from_model_config
     assert plugin.plan_for((0, 19, 0)).size_from_model_config
-    for v in ((0, 21, 0), (0, 23, 0), (0, 33, 0)):
-        assert plugin.plan_for(v) == plugin.Plan(replace_thread_pool=True)
+    for v in ((0, 21, 0), (0, 23, 0), (0, 28, 1), (0, 29, 0), (0, 33, 0)):
+        plan = plugin.plan_for(v)
+        # every renderer (HfRenderer, DeepSeek, Kimi, Cohere...) subclasses BaseRenderer
+        assert [h.target for h in plan.ctor_hooks] == ["vllm.renderers.base.BaseRenderer.__init__"]
+        assert plan.replace_thread_pool and plan.size_from_model_config
+        assert plan.mm_executor == (v >= (0, 29, 0))
 
 
 def test_pool_size_rule():
+    """One copy per thread that can use the tokenizer: N renderer threads, the event loop, and
+    from 0.29 the multimodal executor; before 0.19 the env var."""
+
     class MC:
         renderer_num_workers = 3
 
-    assert plugin.pool_size_for(MC(), True, lambda: 7) == 4
-    assert plugin.pool_size_for(MC(), False, lambda: 7) == 7
-    assert plugin.pool_size_for(object(), True, lambda: 7) == 7
+    def size(version, model_config=MC()):  # noqa: B008
+        return plugin.pool_size_for(model_config, plugin.plan_for(version), lambda: 7)
+
+    assert size((0, 18, 1)) == 7
+    assert size((0, 19, 0)) == size((0, 20, 2)) == size((0, 21, 0)) == size((0, 28, 0)) == 4
+    assert size((0, 29, 0)) == size((0, 33, 0)) == 5
+    assert size((0, 33, 0), object()) == 7
+
+
+def test_hold_deadline_follows_vllm_render_timeout(monkeypatch):
+    monkeypatch.delenv("VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT", raising=False)
+    assert plugin.hold_deadline_s() == 30.0
+    for raw, want in (("120", 120.0), ("0.5", 0.5), ("0", 30.0), ("-1", 30.0), ("x", 30.0)):
+        monkeypatch.setenv("VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT", raw)
+        assert plugin.hold_deadline_s() == want, raw
 
 
 def test_startup_lines_follow_the_contract():
@@ -85,6 +106,86 @@ def test_startup_lines_follow_the_contract():
     assert plugin.inactive_line("0.99.0", "bad\n  thing") == (
         "vlm-tokenizer-pool inactive: vllm=0.99.0 reason=bad thing"
     )
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record):
+        self.lines.append((record.levelname, record.getMessage()))
+
+
+@pytest.fixture
+def lines(monkeypatch):
+    """A new per-process plugin state; the (level, message) of every line it logs."""
+    state = plugin._State()
+    state.version, state.targets = "0.33.0", ["a.B.__init__"]
+    monkeypatch.setattr(plugin, "_state", state)
+    # the plugin formats its lines with vllm.logger, whose import reconfigures logging and
+    # clears the handlers of loggers under "vllm": import it before adding ours
+    with contextlib.suppress(ImportError):
+        import vllm.logger  # noqa: F401
+    handler = _Lines()
+    plugin.logger.addHandler(handler)
+    yield handler.lines
+    plugin.logger.removeHandler(handler)
+
+
+def _hooked(attr_value, hook_attr="tokenizer"):
+    """Construct an object through the plugin's constructor wrapper (0.33's plan sizes)."""
+    from vllm_tokenizer_pool import pool
+
+    class Holder:
+        def __init__(self):
+            if attr_value is not plugin._MISSING:
+                self.tokenizer = attr_value
+
+    hook = plugin.CtorHook("m", "Holder", hook_attr)
+    Holder.__init__ = plugin._ctor_wrapper(
+        pool, Holder.__init__, hook, plugin.plan_for((0, 33, 0)), lambda: 3
+    )
+    return Holder()
+
+
+def test_active_only_once_a_tokenizer_is_pooled(lines):
+    transformers = pytest.importorskip("transformers")
+    from vllm_tokenizer_pool import is_thread_safe
+    from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
+
+    assert lines == []  # registering alone logs nothing
+    holder = _hooked(build_fast_tokenizer(8000))
+    assert is_thread_safe(holder.tokenizer)
+    assert isinstance(holder.tokenizer, transformers.PreTrainedTokenizerFast)
+    assert lines == [
+        ("INFO", "vlm-tokenizer-pool active: vllm=0.33.0 pool_size=3 patched=a.B.__init__")
+    ]
+
+
+def test_a_tokenizer_that_cannot_be_pooled_logs_inactive_even_after_active(lines):
+    pytest.importorskip("transformers")
+    from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
+
+    _hooked(build_fast_tokenizer(8000))
+    shim = object()  # e.g. a Mistral tokenizer: not an HF fast tokenizer
+    assert _hooked(shim).tokenizer is shim
+    _hooked(object())  # the same reason again: logged once
+    assert [level for level, _ in lines] == ["INFO", "WARNING"]
+    assert lines[1][1] == (
+        "vlm-tokenizer-pool inactive: vllm=0.33.0 reason=object in Holder is not an HF fast "
+        "tokenizer: not pooled"
+    )
+
+
+def test_a_hook_whose_attribute_vanished_logs_inactive(lines):
+    _hooked(plugin._MISSING)
+    _hooked(None)  # skip_tokenizer_init: nothing to pool, nothing to say
+    assert lines == [(
+        "WARNING",
+        "vlm-tokenizer-pool inactive: vllm=0.33.0 reason=m.Holder.__init__ set no attribute "
+        "'tokenizer'",
+    )]
 
 
 # ---------------------------------------------------------------- real vLLM (per-version venv)
@@ -104,9 +205,9 @@ def model_dir(tmp_path_factory):
 
 
 def _probe(
-    model_dir: Path, *extra: str, pool_size: str = str(ENV_POOL_SIZE)
+    model_dir: Path, *extra: str, pool_size: str = str(ENV_POOL_SIZE), env: dict | None = None
 ) -> tuple[dict, list[str]]:
-    env = dict(os.environ, VLM_TOKENIZER_POOL_SIZE=pool_size, HF_HUB_OFFLINE="1")
+    env = dict(env or os.environ, VLM_TOKENIZER_POOL_SIZE=pool_size, HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, str(HERE / "plugin_probe.py"), str(model_dir), *extra],
         capture_output=True,
@@ -124,7 +225,10 @@ def _version(report: dict) -> tuple[int, int, int]:
 
 
 def _expected_size(report: dict, workers: int) -> int:
-    return workers + 1 if _version(report) >= (0, 19, 0) else ENV_POOL_SIZE
+    version = _version(report)
+    if version < (0, 19, 0):
+        return ENV_POOL_SIZE
+    return workers + (2 if version >= (0, 29, 0) else 1)
 
 
 @pytest.fixture(scope="module", params=[1, 3], ids=["renderer_workers=1", "renderer_workers=3"])
@@ -147,11 +251,9 @@ def test_startup_line_logged_once_with_contract_format(probe):
     _, version, size, patched = active[0].groups()
     assert version == report["version"]
     assert int(size) == _expected_size(report, workers)
-    expected = (
-        {"vllm.tokenizers.hf.maybe_make_thread_pool"}
-        if _version(report) >= (0, 21, 0)
-        else {h.target for h in plugin.plan_for(_version(report)).ctor_hooks}
-    )
+    expected = {h.target for h in plugin.plan_for(_version(report)).ctor_hooks}
+    if _version(report) >= (0, 21, 0):
+        expected.add("vllm.tokenizers.hf.maybe_make_thread_pool")
     assert expected <= set(patched.split(","))
     ours = {k for k, v in report["targets"].items() if v["ours"]}
     assert set(patched.split(",")) <= ours
@@ -198,6 +300,67 @@ def test_pooled_tokenizer_survives_pickling(probe):
     assert report["pickled"]["encodes_like_plain"]
 
 
+@pytest.fixture(scope="module", params=["auto", "deepseek_v32", "fastokens"])
+def concurrency(request, model_dir):
+    """The renderer's own executors hammered with mixed truncation (0.21+): HfRenderer ("auto"),
+    DeepseekV32Renderer (a BaseRenderer subclass that loads a standard HF tokenizer) and, on
+    0.33, HfRenderer with VLLM_USE_FASTOKENS=1 (the Rust tokenizer swapped for fastokens' shim;
+    the package is in the vllm-0.33.0 env)."""
+    import vllm
+
+    version = plugin.parse_version(vllm.__version__)
+    if version < (0, 21, 0):
+        pytest.skip("the renderer executors are tested from 0.21 (vLLM's own pool)")
+    mode, env = request.param, dict(os.environ)
+    if mode == "fastokens":
+        if version < (0, 33, 0):
+            pytest.skip("fastokens is installed in the vllm-0.33.0 env")
+        mode, env["VLLM_USE_FASTOKENS"] = "auto", "1"
+    report, _ = _probe(model_dir, "--renderer-workers", "2", "--concurrency",
+                       "--tokenizer-mode", mode, env=env)
+    return report, request.param
+
+
+@vllm_only
+def test_renderer_executors_never_fail_and_copies_stay_bounded(concurrency):
+    report, mode = concurrency
+    assert report["renderer"] == {
+        "auto": "HfRenderer", "deepseek_v32": "DeepseekV32Renderer", "fastokens": "HfRenderer"
+    }[mode]
+    # fastokens replaces the Rust tokenizer with its shim: pooled all the same
+    assert (report["backend"] != "Tokenizer") == (mode == "fastokens")
+    assert report["calls"] == 2000
+    assert report["errors"] == []
+    assert report["wrong"] == 0
+    assert report["pool"]["size"] == _expected_size(report, 2)
+    assert report["live_tokenizers_growth"] == 0  # no copy made on demand
+
+
+@vllm_only
+def test_an_event_loop_call_completes_while_every_renderer_thread_holds_a_copy(concurrency):
+    report, _ = concurrency
+    threads = 2 + (1 if _version(report) >= (0, 29, 0) else 0)  # + the multimodal executor
+    assert report["held_by_renderer_threads"] == threads
+    assert report["free_while_held"] == 1  # the event loop's copy
+    assert report["renderer_threads_still_holding"]
+    assert report["loop_decode_ok"]
+
+
+@vllm_only
+def test_harness_breaks_a_base_renderer_tokenizer_without_the_plugin(model_dir):
+    """Without the plugin, DeepseekV32Renderer's tokenizer is shared unprotected: the same load
+    fails ("Already borrowed", tokenizers <= 0.22) or returns wrong results (>= 0.23)."""
+    import vllm
+
+    if plugin.parse_version(vllm.__version__) < (0, 21, 0):
+        pytest.skip("DeepseekV32Renderer exists from 0.21")
+    env = dict(os.environ, VLLM_PLUGINS="none")
+    report, _ = _probe(model_dir, "--renderer-workers", "2", "--concurrency", "--tokenizer-mode",
+                       "deepseek_v32", "--no-plugin", env=env)
+    assert report["pool"] is None
+    assert report["errors"] or report["wrong"], report
+
+
 @vllm_only
 def test_vllm_thread_pool_function_is_replaced_everywhere_on_0_21_plus(probe):
     report, _, _ = probe
@@ -241,12 +404,12 @@ def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
 
 
 @vllm_only
-def test_invalid_pool_size_env_logs_inactive_before_0_21(model_dir):
+def test_invalid_pool_size_env_logs_inactive_before_0_19(model_dir):
     """Where the env var sizes the pool, a bad value leaves vLLM unpatched with a warning."""
     import vllm
 
-    if plugin.parse_version(vllm.__version__) >= (0, 21, 0):
-        pytest.skip("0.21+ sizes the pool by renderer_num_workers; the env var is not read")
+    if plugin.parse_version(vllm.__version__) >= (0, 19, 0):
+        pytest.skip("0.19+ sizes the pool by renderer_num_workers; the env var is not read")
     report, lines = _probe(model_dir, "--fake-version", vllm.__version__, pool_size="0")
     inactive = [m for m in map(INACTIVE.search, lines) if m]
     assert len(inactive) == 1, lines

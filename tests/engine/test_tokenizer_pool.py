@@ -9,6 +9,7 @@ the harness reproduces the bug, then that the wrapped tokenizer never shows it.
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import copy
 import gc
@@ -17,6 +18,7 @@ import pickle
 import queue
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,6 +35,7 @@ from vllm_tokenizer_pool import (  # noqa: E402
     is_thread_safe,
     make_thread_safe,
     pool_size_from_env,
+    pool_stats,
 )
 from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer, generated_text  # noqa: E402
 
@@ -242,6 +245,148 @@ def test_a_caller_waits_for_a_free_copy_instead_of_copying(plain):
         assert _live(cls) == live  # and it made none
     caller.join()
     assert result == [a.encode("hello there")]
+
+
+WAIT_S = 60  # a bound on waiting for a thread's state (never a performance assertion)
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def _queue_callers(tok, n: int, done: list, on_loop=frozenset()) -> list[threading.Thread]:
+    """Start callers one at a time, each queued before the next starts (arrival order known);
+    callers whose index is in ``on_loop`` call from inside a running asyncio event loop. Each
+    records itself while it holds the copy, so ``done`` is the order copies were handed out."""
+    threads = []
+    for i in range(n):
+        waiting = pool_stats(tok)["waiting"]
+
+        def take(i=i):
+            with borrow(tok) as copy_:
+                done.append(i)
+                assert copy_.encode("hello there")
+
+        def call(i=i):
+            if i in on_loop:
+                async def on_the_loop():
+                    take()
+
+                asyncio.run(on_the_loop())
+            else:
+                take()
+
+        t = threading.Thread(target=call)
+        t.start()
+        threads.append(t)
+        _until(lambda w=waiting: pool_stats(tok)["waiting"] == w + 1)
+    return threads
+
+
+def test_copies_go_to_waiters_in_arrival_order(plain):
+    """A returned copy goes to the longest waiter (a plain queue let the returning thread take
+    it back: 29 of 32 threads starved)."""
+    tok = make_thread_safe(plain, copies=1)
+    done: list[int] = []
+    with borrow(tok):
+        threads = _queue_callers(tok, 6, done)
+    with borrow(tok):  # the thread that just returned the copy asks again at once
+        done.append(-1)
+    for t in threads:
+        t.join(WAIT_S)
+    assert done == [0, 1, 2, 3, 4, 5, -1]
+
+
+def test_event_loop_callers_are_served_before_worker_threads(plain):
+    tok = make_thread_safe(plain, copies=1)
+    done: list[int] = []
+    with borrow(tok):
+        threads = _queue_callers(tok, 5, done, on_loop={3, 4})
+    for t in threads:
+        t.join(WAIT_S)
+    assert done == [3, 4, 0, 1, 2]
+
+
+def test_every_thread_completes_calls_under_contention(plain, reference):
+    """32 threads on 2 copies: each completes a fixed number of calls (a starving pool hangs
+    here until the deadline of the join and leaves threads alive)."""
+    tok = make_thread_safe(plain, copies=2)
+    counts = [0] * 32
+    want = reference.encode(SHORT[3])
+
+    def worker(n: int) -> None:
+        for _ in range(30):
+            assert tok.encode(SHORT[3]) == want
+            counts[n] += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert counts == [30] * 32
+
+
+def test_a_copy_held_past_the_deadline_is_replaced_then_dropped(plain, reference):
+    """vLLM abandons a chat-template render after 30 s with its thread still running: the copy
+    that thread holds is replaced for the next caller instead of blocking it for ever."""
+    cls = type(plain)
+    tok = make_thread_safe(plain, copies=1, hold_deadline_s=0.2)
+    live = _live(cls)
+    stuck = borrow(tok)
+    stuck_copy = stuck.__enter__()  # an abandoned render, holding the only copy
+    assert tok.encode(SHORT[1]) == reference.encode(SHORT[1])  # served by a replacement
+    assert pool_stats(tok)["replaced"] == 1
+    assert _live(cls) == live + 1  # the replacement, and the stuck copy still held
+    stuck.__exit__(None, None, None)  # the abandoned render finishes at last
+    del stuck_copy, stuck
+    assert _live(cls) == live  # its copy was dropped: back to one copy
+    assert tok.encode(SHORT[2]) == reference.encode(SHORT[2])
+
+
+def test_when_nothing_can_be_replaced_a_caller_gets_an_error_not_a_hang(plain):
+    tok = make_thread_safe(plain, copies=1, hold_deadline_s=0.2)
+    # the copy, then its replacement, both held past the deadline
+    with borrow(tok), borrow(tok), pytest.raises(TimeoutError, match="no tokenizer copy free"):
+        tok.encode("hello")
+    assert tok.encode("hello")  # and the pool works again once they come back
+
+
+def test_the_class_keeps_its_name_and_lives_and_dies_with_its_base(plain):
+    """vLLM's /tokenizer_info reports the class name; vLLM makes a new cached-tokenizer class
+    on every unpickle, so the wrapper class must not be kept in a global table."""
+    local = type("CachedLocal", (type(plain),), {})  # like vLLM's get_cached_tokenizer
+    tok = copy.deepcopy(plain)
+    tok.__class__ = local
+    make_thread_safe(tok, copies=1)
+    assert type(tok).__name__ == "CachedLocal" and type(tok).__mro__[1] is local
+    gone = weakref.ref(local)
+    del tok, local
+    gc.collect()
+    assert gone() is None
+
+
+def test_copies_are_made_from_the_current_state_not_the_class_reduce(plain):
+    """vLLM's cached-tokenizer classes pickle (and deep-copy) through a rebuild from the
+    tokenizer as first loaded; a private copy must keep later changes."""
+    first = copy.deepcopy(plain)
+
+    class Cached(type(plain)):
+        def __reduce__(self):
+            return copy.deepcopy, (first,)
+
+    plain.__class__ = Cached
+    plain.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    plain.add_tokens(["zzqxw"])
+    tok = make_thread_safe(plain, copies=2)
+    with borrow(tok) as a, borrow(tok) as b:
+        for c in (a, b):
+            chat = c.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+            assert chat == "<x>"
+            assert len(c) == 8001
 
 
 def test_mutations_wait_for_in_flight_calls(plain):

@@ -37,8 +37,12 @@ CORPUS = [
 
 def write_tokenizer(path: Path, vocab_size: int = 600, chat_template: str = CHAT_TEMPLATE,
                     tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
-    """A byte-level BPE tokenizer with the Qwen2-VL special tokens, saved as a fast tokenizer."""
+    """A byte-level BPE tokenizer with the Qwen2-VL special tokens, saved as a fast tokenizer.
+    Past a few hundred tokens it trains on generated text with enough distinct words to fill
+    the vocabulary (151k, Qwen-sized: a minute or two on 2 cores)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from vllm_tokenizer_pool.local_tokenizer import generated_text
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -48,7 +52,8 @@ def write_tokenizer(path: Path, vocab_size: int = 600, chat_template: str = CHAT
         special_tokens=QWEN2_VL_SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(CORPUS if vocab_size <= 1000 else generated_text(vocab_size * 8),
+                            trainer)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     added = {
@@ -233,15 +238,16 @@ MODEL_VERSION = 1  # bump when a builder's output changes: part of the cache key
 MODELS_CACHE = Path.home() / ".cache" / "vlm-operator" / "models"
 
 
-def write_qwen2_vl(path: Path) -> Path:
+def write_qwen2_vl(path: Path, vocab_size: int = 600) -> Path:
     """A tiny random-weight Qwen2-VL (text 128 wide, 2 layers; vision 64 wide, 1 block; head_dim
     64 in both) in the original checkpoint layout (model.*, visual.*, lm_head), which every vLLM
     release maps. Its image processor resizes any image to 56x56..112x112 pixels, so a 1x1 PNG
-    costs 4 image tokens. Needs torch + safetensors (run it with a vLLM venv's python)."""
+    costs 4 image tokens. ``vocab_size`` 151000 gives Qwen's vocabulary size (the embeddings stay
+    small: 128 wide). Needs torch + safetensors (run it with a vLLM venv's python)."""
     import torch
     from safetensors.torch import save_file
 
-    write_tokenizer(path, chat_template=QWEN2_VL_CHAT_TEMPLATE,
+    write_tokenizer(path, vocab_size=vocab_size, chat_template=QWEN2_VL_CHAT_TEMPLATE,
                     tokenizer_class="Qwen2TokenizerFast")
     (path / "chat_template.json").write_text(
         json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
@@ -327,7 +333,11 @@ def write_qwen2_vl(path: Path) -> Path:
     return path
 
 
-BUILDERS = {"qwen2-vl": write_qwen2_vl, "llama": write_llama}
+BUILDERS = {
+    "qwen2-vl": write_qwen2_vl,
+    "qwen2-vl-151k": lambda path: write_qwen2_vl(path, vocab_size=151_000),
+    "llama": write_llama,
+}
 
 
 def cached_model(kind: str) -> Path:
