@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the local Kubernetes test bed needs (build + run).
-# Idempotent: skips apt entirely when everything is already present.
+# Installs the Debian packages the local Kubernetes test bed needs (build + run), Prometheus and
+# promtool for the observability tests, and npm where there is none (helm and the owners' object
+# schemas come from npm packages). Idempotent: skips apt entirely when everything is present.
 set -euo pipefail
 
-PKGS=(golang-go etcd-server dpkg-dev openssl rsync make golang-github-modern-go-reflect2-dev xz-utils)
+PKGS=(golang-go etcd-server dpkg-dev openssl rsync make golang-github-modern-go-reflect2-dev xz-utils
+      prometheus)
+if ! command -v npm >/dev/null; then
+  PKGS+=(nodejs npm)
+fi
 SRC_FILE=/etc/apt/sources.list.d/vlm-operator-bookworm-src.sources
 
 SUDO=""
@@ -42,5 +47,10 @@ $SUDO apt-get update -q
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # The tests start their own Prometheus on a free loopback port; the package's service (a
+  # server on :9090 scraping this machine) is not wanted where systemd started it.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus || true
+  fi
 fi
 echo "install-deps: done"
