@@ -1,0 +1,111 @@
+"""The operator's policy: allowed image prefixes, PriorityClasses, Secrets labelled for use."""
+
+import pytest
+
+from vlm_operator import crd, policy
+from vlm_operator.cli import build_parser
+from vlm_operator.spec import validate
+from vlm_operator.status import get_status
+
+LABEL = "vlm-operator.dev/referable=true"
+
+
+def cr(**spec):
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"model": "m", "image": "reg.example/vllm/vllm-openai:v0.20.2", **spec}}
+
+
+def labels_of(existing):
+    return lambda name: existing.get(name)
+
+
+def test_off_by_default():
+    spec = cr(image="evil.example/miner:v0.20.2", scheduling={
+        "priorityClassName": "system-cluster-critical"}, hfTokenSecretRef={"name": "any"})
+    assert validate(spec) == validate(spec, policy.Policy()) == ([], [])
+
+
+@pytest.mark.parametrize("image,ok", [
+    ("reg.example/vllm/vllm-openai:v0.20.2", True),
+    ("reg.example/vllm:v0.20.2", True),  # a prefix without / ends at a boundary
+    ("reg.example/vllm@sha256:ab", True),
+    ("reg.example/vllm-evil/x:v0.20.2", False),
+    ("reg.example.evil.io/vllm/x:v0.20.2", False),
+    ("docker.io/vllm/vllm-openai:v0.20.2", False),
+])
+def test_image_prefixes_match_at_a_boundary(image, ok):
+    assert policy.image_allowed(image, ("reg.example/vllm",)) is ok
+    assert policy.image_allowed(image, ("other/", "reg.example/vllm/")) is (
+        ok and image.startswith("reg.example/vllm/"))
+
+
+def test_image_rule_names_the_field_and_the_rule():
+    rules = policy.Policy(image_prefixes=("reg.example/vllm/",))
+    assert validate(cr(), rules) == ([], [])
+    problems, _ = validate(cr(image="evil.example/vllm:v0.20.2"), rules)
+    assert problems == ["spec.image: 'evil.example/vllm:v0.20.2' is not allowed by the operator's "
+                        "policy: images must start with one of 'reg.example/vllm/'"]
+    # the default image counts too when spec.image is left out
+    spec = cr()
+    del spec["spec"]["image"]
+    assert validate(spec, rules)[0][0].startswith(f"spec.image: {crd.DEFAULT_IMAGE!r} is not")
+
+
+def test_priority_class_rule():
+    rules = policy.Policy(priority_classes=("gpu-batch", "gpu-online"))
+    assert validate(cr(), rules)[0] == []  # none set: the cluster's default
+    assert validate(cr(scheduling={"priorityClassName": "gpu-online"}), rules)[0] == []
+    assert validate(cr(scheduling={"priorityClassName": "system-node-critical"}), rules)[0] == [
+        "spec.scheduling.priorityClassName: 'system-node-critical' is not allowed by the "
+        "operator's policy: allowed PriorityClasses are 'gpu-batch', 'gpu-online'"]
+
+
+def test_secret_rule_checks_every_reference():
+    rules = policy.Policy(secret_label=LABEL)
+    spec = cr(hfTokenSecretRef={"name": "hf"}, vllm={"env": [
+        {"name": "A", "value": "1"},
+        {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}},
+        {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
+        {"name": "C", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "k"}}}]})
+    existing = {"hf": {"vlm-operator.dev/referable": "true"},
+                "db": {"vlm-operator.dev/referable": "false", "team": "a"}}
+    problems, _ = validate(spec, rules, labels_of(existing))
+    assert problems == [
+        "spec.vllm.env[1].valueFrom.secretKeyRef.name: Secret 'db' is not labelled "
+        f"{LABEL}; the operator's policy only lets a VLMDeployment use Secrets labelled for it",
+        "spec.vllm.env[3].valueFrom.secretKeyRef.name: Secret 'gone' does not exist; the "
+        f"operator's policy only allows Secrets labelled {LABEL}"]
+    existing["db"]["vlm-operator.dev/referable"] = "true"
+    existing["gone"] = {"vlm-operator.dev/referable": "true"}
+    assert validate(spec, rules, labels_of(existing))[0] == []
+    # a key alone: any value
+    assert validate(spec, policy.Policy(secret_label="team"), labels_of(
+        {n: {"team": "x"} for n in ("hf", "db", "gone")}))[0] == []
+
+
+def test_policy_is_checked_only_on_an_otherwise_valid_spec():
+    calls = []
+    problems, _ = validate(cr(replicas=-1, hfTokenSecretRef={"name": "hf"}),
+                           policy.Policy(secret_label=LABEL), calls.append)
+    assert problems == ["spec.replicas: -1 is less than the minimum of 0"] and calls == []
+
+
+def test_violations_make_spec_valid_false():
+    problems, _ = validate(cr(image="evil/x:v0.20.2"), policy.Policy(image_prefixes=("ok/",)))
+    st = get_status(name="m", generation=1, old={}, vlmd=None, problems=problems,
+                    deployment=None, pods=[], now="2026-01-01T00:00:00Z", reports=[])
+    (cond,) = [c for c in st["conditions"] if c["type"] == "SpecValid"]
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
+    assert cond["message"].startswith("spec.image: 'evil/x:v0.20.2' is not allowed")
+
+
+def test_run_flags():
+    args = build_parser().parse_args([
+        "run", "--allowed-image-prefix", "a/", "--allowed-image-prefix", "b/",
+        "--allowed-priority-class", "gpu", "--secret-label", LABEL])
+    assert (args.image_prefixes, args.priority_classes, args.secret_label) == (
+        ["a/", "b/"], ["gpu"], LABEL)
+    for bad in ("bad key", "=x", "a/b/c=d"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--secret-label", bad])
