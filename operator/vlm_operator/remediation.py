@@ -1,14 +1,20 @@
 """What to do about a pod whose log shows a failure signature. Pure: no I/O, times passed in.
 
-logwatch.py feeds detections and pod objects in and carries the decisions out. Times are epoch
-seconds; detections are timed by the kubelet's log timestamp, so replaying a log (a reconnect,
-an operator restart) puts every line in the same window it fell in the first time.
+logwatch.py feeds incidents (incidents.py) and pod objects in and carries the decisions out.
 
 Guards, in the order they are checked (the first that holds wins, so a skip names one reason):
-below the threshold, the policy says Ignore, the incident is not newer than what was already
-acted on (operator restarts re-read logs from the start), the pod is already going away, /health
-answers 200 for an engine said to be dead (log lines are evidence, not proof: see signatures.py),
-the pod's back-off, the VLMDeployment's restart budget, and minAvailable ready pods.
+below the threshold, the policy says Ignore, the incident is older than its window (a replayed
+or long-held line), it was already acted on (an action in flight names it), the pod is already
+going away or being acted on, /health answers 200 for an engine said to be dead (log lines are
+evidence, not proof: see signatures.py), the pod's back-off after a failed attempt, the
+VLMDeployment's restart budget, and minAvailable. minAvailable only protects capacity: removing
+a pod that serves nothing (engine dead, not ready) never lowers it, so a single dead replica, or
+every replica dead at once, is restarted. When the pod still serves and removing it would break
+minAvailable, it is replaced instead: one extra replica is surged (if a GPU is free), and the
+sick pod goes once the replacement is ready.
+
+Held-back incidents stay open and are decided again when the blocking condition may have changed
+(pod events, spec changes, a short timer), until acted on, gone or older than their window.
 
 Pods with the tokenizer pool's startup line missing get their own condition, `Unpatched`, not
 `Degraded`: an unpatched engine still serves (it may log retries or answer some requests with
@@ -19,19 +25,24 @@ crash loops).
 from __future__ import annotations
 
 import datetime as dt
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vlm_operator import builders
+from vlm_operator.incidents import REPLACE, SCALE_DOWN, Incident, InFlight, restarts_in_hour
 from vlm_operator.spec import with_defaults
 from vlm_operator.status import Report
 
-RESTART, SCALE_DOWN, IGNORE = "Restart", "ScaleDown", "Ignore"
-HOUR = 3600.0
+RESTART, IGNORE = "Restart", "Ignore"
+ACTIONS = (RESTART, SCALE_DOWN, REPLACE)
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 UNPATCHED_GRACE_S = 60.0
+DRAIN_MIN_S = 2.0  # time for the endpoints controllers to drop a pod taken out of service
+DRAIN_TIMEOUT_S = 60.0
+# A replacement gets as long as the startup probe gives a model load (builders.py), plus the
+# time to schedule it: after that the surge is given up and the incident held.
+REPLACE_TIMEOUT_S = builders.STARTUP_PERIOD_SECONDS * builders.STARTUP_FAILURE_THRESHOLD + 300
 
 # Signature -> the spec.health key whose policy applies; spec.health.extraSignatures add their
 # own. Signatures without a policy are only counted.
@@ -39,10 +50,19 @@ SIGNATURE_POLICY = {
     "tokenizer_retry": "tokenizerRetry",
     "tokenizer_borrow_error": "tokenizerRetry",
     "engine_dead": "engineDead",
+    "engine_stalled": "engineStalled",  # from stall_watch.py, not from the log
+    "api_unresponsive": "apiUnresponsive",
 }
-# Skip reasons that are guards (counted in the skipped-actions metric and worth an Event).
-GUARDS = ("already_acted", "in_progress", "health_ok", "backoff", "budget_exhausted",
+# Signals that prove the pod serves nothing, whatever its readiness says.
+NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
+INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
+# Skip reasons that are guards (counted in the skipped-actions metric).
+GUARDS = ("expired", "already_acted", "in_progress", "health_ok", "backoff", "budget_exhausted",
           "min_available")
+# Guards that hold an incident open (it is decided again later), with the reason the
+# Remediating condition gives while they do.
+HOLDING = {"health_ok": "HealthCheckPassing", "backoff": "BackingOff",
+           "budget_exhausted": "RestartBudgetExhausted", "min_available": "WaitingForCapacity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +91,11 @@ def policy_from_spec(spec: Mapping) -> Policy:
     health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
     rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
                        health[key]["action"]) for key in ("tokenizerRetry", "engineDead")}
+    # one stall or unresponsive-API verdict is the incident (stall_watch.py counts for it)
+    stalled = health["engineStalled"]
+    rules["engineStalled"] = Rule(1, max(INCIDENT_WINDOW_S, 2.0 * stalled["stallSeconds"]),
+                                  stalled["action"])
+    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S, health["apiUnresponsive"]["action"])
     mapping = dict(SIGNATURE_POLICY)
     for extra in health.get("extraSignatures") or []:
         key = f"extra:{extra['name']}"
@@ -79,38 +104,9 @@ def policy_from_spec(spec: Mapping) -> Policy:
     return Policy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]), mapping)
 
 
-class Windows:
-    """Per-pod sliding-window counters of incidents, one per policy key."""
-
-    def __init__(self) -> None:
-        self._times: dict[tuple[str, str], deque[float]] = {}
-
-    def add(self, pod: str, key: str, t: float, window_s: float) -> int:
-        """Count an incident at t; return how many fall in (t - window_s, t]."""
-        times = self._times.setdefault((pod, key), deque())
-        times.append(t)
-        return self.count(pod, key, t, window_s)
-
-    def count(self, pod: str, key: str, now: float, window_s: float) -> int:
-        times = self._times.get((pod, key))
-        if not times:
-            return 0
-        while times and times[0] <= now - window_s:
-            times.popleft()
-        return sum(1 for t in times if t <= now)
-
-    def forget(self, pod: str) -> None:
-        for k in [k for k in self._times if k[0] == pod]:
-            del self._times[k]
-
-
 def backoff_s(attempts: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
-    """Exponential per-pod back-off after the n-th held-back or failed attempt (n >= 1)."""
+    """Exponential per-pod back-off after the n-th failed attempt (n >= 1)."""
     return min(cap, base * 2 ** max(0, attempts - 1))
-
-
-def restarts_in_hour(history: Iterable[float], now: float) -> int:
-    return sum(1 for t in history if now - HOUR < t <= now)
 
 
 # ---------------------------------------------------------------- pods
@@ -132,6 +128,7 @@ class PodView:
     deleting: bool = False
     in_service: bool = True
     engine_dead: bool = False  # the log says so: not ready capacity whatever the probe says
+    in_flight: bool = False  # an action on it (drain, replacement) is under way
 
     @property
     def capacity(self) -> bool:
@@ -143,12 +140,13 @@ def _ready_condition(pod: Mapping) -> Mapping:
                  if c.get("type") == "Ready"), {})
 
 
-def pod_view(pod: Mapping, engine_dead: bool = False) -> PodView:
+def pod_view(pod: Mapping, engine_dead: bool = False, in_flight: bool = False) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     return PodView(meta.get("name", ""), _ready_condition(pod).get("status") == "True",
                    bool(meta.get("deletionTimestamp")),
-                   labels.get(builders.IN_SERVICE_LABEL, "true") != "false", engine_dead)
+                   labels.get(builders.IN_SERVICE_LABEL, "true") != "false", engine_dead,
+                   in_flight)
 
 
 # ---------------------------------------------------------------- deciding
@@ -156,7 +154,7 @@ def pod_view(pod: Mapping, engine_dead: bool = False) -> PodView:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    action: str | None  # Restart | ScaleDown; None: hold back
+    action: str | None  # Restart | ScaleDown | Replace; None: hold back or nothing to do
     reason: str  # machine-friendly: act | below_threshold | ignored | one of GUARDS
     message: str
 
@@ -164,16 +162,37 @@ class Decision:
     def act(self) -> bool:
         return self.action is not None
 
+    @property
+    def holds(self) -> bool:
+        """Held back by something that may clear: decide again later."""
+        return self.reason in HOLDING
 
-def decide(*, pod: str, signature: str, rule: Rule, count: int, incident_time: float,
-           now: float, pods: Iterable[PodView], history: Iterable[float], policy: Policy,
-           acted_until: float | None = None, backoff_until: float | None = None,
-           health: str | None = None) -> Decision:
-    """Act on `pod` for `signature` or say why not.
 
-    count: incidents in the rule's window; history: times of this VLMDeployment's restarts;
-    acted_until: the newest incident time already acted on for this pod (persisted);
-    health: "ok" (GET /health said 200), "failing", "unreachable" or None (not asked)."""
+def needs_replacement(pods: Iterable[PodView], pod: str, policy: Policy,
+                      signature: str = "") -> bool:
+    """Removing `pod` would take ready capacity below minAvailable: it serves, and too few
+    others do. A pod that serves nothing can always go: not ready, its engine dead, or proven
+    mute by the signal itself (a stalled engine, an API server that answers nothing)."""
+    views = list(pods)
+    target = next((p for p in views if p.name == pod), None)
+    if target is None or not target.capacity or signature in NOT_SERVING:
+        return False
+    others = sum(1 for p in views if p.capacity and p.name != pod)
+    return others < policy.min_available
+
+
+def decide(*, incident: Incident, rule: Rule, now: float, pods: Iterable[PodView],
+           history: Iterable[float], policy: Policy, acted_until: float | None = None,
+           backoff_until: float | None = None, health: str | None = None,
+           spare_gpus: bool | None = None) -> Decision:
+    """Act on the incident's pod or say why not.
+
+    history: times of this VLMDeployment's remediations; acted_until: the newest incident time
+    already acted on for this pod (persisted); health: "ok" (GET /health said 200), "failing",
+    "unreachable" or None (not asked); spare_gpus: whether one more replica fits the free GPUs
+    (None: not known), asked only when needs_replacement() says so."""
+    pod, signature, count = incident.pod, incident.signature, incident.count
+
     def skip(reason: str, message: str) -> Decision:
         return Decision(None, reason, message)
 
@@ -182,34 +201,88 @@ def decide(*, pod: str, signature: str, rule: Rule, count: int, incident_time: f
                     f"{rule.window_s:g} s")
     if rule.action == IGNORE:
         return skip("ignored", f"{signature} on {pod}: the policy says Ignore")
-    if acted_until is not None and incident_time <= acted_until:
-        return skip("already_acted", f"{signature} on {pod} at {incident_time:.3f} was "
+    if now - incident.last >= rule.window_s:
+        return skip("expired", f"{signature} on {pod}: the last detection is "
+                    f"{now - incident.last:.0f} s old, outside the {rule.window_s:g} s window")
+    if acted_until is not None and incident.last <= acted_until:
+        return skip("already_acted", f"{signature} on {pod} at {incident.last:.3f} was "
                     "already acted on")
     views = list(pods)
     target = next((p for p in views if p.name == pod), None)
-    if target is not None and (target.deleting or not target.in_service):
-        return skip("in_progress", f"{pod} is already being removed")
+    if target is not None and (target.deleting or not target.in_service or target.in_flight):
+        return skip("in_progress", f"{pod} is already being removed or replaced")
     if signature == "engine_dead" and health == "ok":
         return skip("health_ok", f"{pod} logged engine death but /health answers 200")
     if backoff_until is not None and now < backoff_until:
-        return skip("backoff", f"{pod} is backing off for {backoff_until - now:.0f} s")
+        return skip("backoff", f"{pod} is backing off for {backoff_until - now:.0f} s after a "
+                    "failed attempt")
     spent = restarts_in_hour(history, now)
     if spent >= policy.max_restarts_per_hour:
-        return skip("budget_exhausted", f"{spent} restarts in the last hour, the most "
+        return skip("budget_exhausted", f"{spent} remediations in the last hour, the most "
                     f"spec.health.maxRestartsPerHour allows ({policy.max_restarts_per_hour})")
-    ready = sum(1 for p in views if p.capacity)
-    after = ready - (1 if target is not None and target.capacity else 0)
-    if after < policy.min_available:
-        return skip("min_available", f"removing {pod} would leave {after} ready pods, fewer than "
-                    f"spec.health.minAvailable ({policy.min_available})")
-    return Decision(rule.action, "act", f"{count} {signature} in {rule.window_s:g} s on {pod} "
-                    f"(threshold {rule.threshold}): {rule.action}")
+    what = (f"{signature} on {pod}: {incident.detail}" if incident.detail else
+            f"{count} {signature} in {rule.window_s:g} s on {pod} (threshold {rule.threshold})")
+    if needs_replacement(views, pod, policy, signature):
+        others = sum(1 for p in views if p.capacity and p.name != pod)
+        if spare_gpus:
+            return Decision(REPLACE, "act", f"{what}: Replace (it still serves and only "
+                            f"{others} other pods are ready, spec.health.minAvailable="
+                            f"{policy.min_available}): a replacement comes up first")
+        why = ("no GPU is free for a replacement" if spare_gpus is False
+               else "the free GPUs could not be read")
+        return skip("min_available", f"removing {pod} would leave {others} ready pods, fewer "
+                    f"than spec.health.minAvailable ({policy.min_available}), and {why}")
+    return Decision(rule.action, "act", f"{what}: {rule.action}")
 
 
 def scale_down_replicas(current: int, min_available: int) -> int | None:
     """The replica count after a ScaleDown, or None when capacity must not be lowered."""
     target = current - 1
     return target if target >= max(min_available, 0) else None
+
+
+# ---------------------------------------------------------------- actions in flight
+
+WAIT, DELETE, FINISH, GIVE_UP = "wait", "delete", "finish", "give_up"
+
+
+def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
+                    now: float, timeout_s: float = DRAIN_TIMEOUT_S,
+                    min_drain_s: float = DRAIN_MIN_S) -> str:
+    """The next step of a ScaleDown: wait for the drain, delete the pod, or (pod gone) lower
+    the replicas and finish. running: requests in flight; None when /metrics could not be read,
+    which is waited out like a busy pod (unknown is not zero) until the drain limit."""
+    if not present:
+        return FINISH
+    if now - since < min_drain_s:
+        return WAIT
+    if not serving or running == 0 or now - since >= timeout_s:
+        return DELETE
+    return WAIT
+
+
+def replace_step(*, present: bool, serves: bool, others_ready: int, min_available: int,
+                 since: float, now: float, timeout_s: float = REPLACE_TIMEOUT_S) -> str:
+    """The next step of a Replace: wait for the replacement, delete the sick pod once the others
+    keep minAvailable (at once if it stopped serving), give up after timeout_s, or finish."""
+    if not present:
+        return FINISH
+    if not serves or others_ready >= max(1, min_available):
+        return DELETE
+    if now - since >= timeout_s:
+        return GIVE_UP
+    return WAIT
+
+
+def lowered_replicas(current: int, record: InFlight, min_available: int) -> int | None:
+    """spec.replicas after a ScaleDown removed its pod; None to leave it (someone changed it
+    since the drain began, or it would go below minAvailable)."""
+    if current != record.replicas:
+        return None
+    return scale_down_replicas(current, min_available)
+
+
+# ---------------------------------------------------------------- reports
 
 
 def budget_report(history: Iterable[float], now: float, policy: Policy) -> Report | None:
@@ -221,6 +294,28 @@ def budget_report(history: Iterable[float], now: float, policy: Policy) -> Repor
     return Report("Degraded", "True", "RestartBudgetExhausted",
                   f"{spent} remediations in the last hour (spec.health.maxRestartsPerHour="
                   f"{policy.max_restarts_per_hour}); further failures are only reported")
+
+
+def remediating_report(in_flight: Mapping[str, InFlight],
+                       held: Iterable[tuple[Incident, Decision]]) -> Report:
+    """Remediating: True while an action is under way or an incident is held back (and why),
+    so `kubectl describe` says what the operator is waiting for."""
+    parts, reason = [], None
+    for record in sorted(in_flight.values(), key=lambda r: r.pod):
+        if record.action == REPLACE:
+            reason = reason or "ReplacingPod"
+            parts.append(f"replacing {record.pod} ({record.signature}): waiting for a "
+                         "replacement to become ready")
+        else:
+            reason = reason or "DrainingPod"
+            parts.append(f"draining {record.pod} ({record.signature}) before removing it")
+    for _, decision in sorted(held, key=lambda h: (h[0].pod, h[0].key)):
+        reason = reason or HOLDING.get(decision.reason, "HeldBack")
+        parts.append(f"held back: {decision.message}")
+    if not parts:
+        return Report("Remediating", "False", "NoOpenIncidents",
+                      "no failure is waiting for an action")
+    return Report("Remediating", "True", reason, "; ".join(parts))
 
 
 # ---------------------------------------------------------------- pod status alone

@@ -21,7 +21,6 @@ from kube_helpers import (
     make_namespace,
     managed_pods,
     metric,
-    patch_cr,
     pod_gone,
     sim_post,
     wait_for,
@@ -126,57 +125,9 @@ def test_storm_on_all_pods_keeps_min_available(api, ns, sim):
         time.sleep(0.1)
     assert all(pod_gone(api, ns, p) for p in originals), "the storm was not remediated"
     assert lowest >= 2
-    assert events(api, ns, "all", "RemediationSkipped")
-
-
-def test_restart_budget_holds_and_sets_degraded(api, ns, sim):
-    create(api, ns, cr("budget", replicas=2, health=health(maxRestartsPerHour=1,
-                                                            minAvailable=0)))
-    a, b = wait_ready_pods(api, ns, "budget", 2)
-    sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
-    wait_for("first restart", lambda: pod_gone(api, ns, a), timeout=30)
-    sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 3})
-    obj = wait_for("Degraded", lambda: (o := get_cr(api, ns, "budget")) and (
-        c := condition(o, "Degraded")) and c["reason"] == "RestartBudgetExhausted" and o,
-        timeout=30)
-    assert condition(obj, "Degraded")["status"] == "True"
-    assert not pod_gone(api, ns, b)
-    assert len(events(api, ns, "budget", "PodRestarted")) == 1
-
-
-def test_operator_restart_does_not_act_twice(api, cluster):
-    ns = make_namespace(api, "e2e-solo-")
-    try:
-        with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
-                           name_prefix=f"sim-{ns}"):
-            first = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", ns).start()
-            create(api, ns, cr("twice", replicas=2, health=health(maxRestartsPerHour=1,
-                                                                   minAvailable=0)))
-            a, b = wait_ready_pods(api, ns, "twice", 2)
-            sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
-                                                 "count": 3})
-            wait_for("first restart", lambda: pod_gone(api, ns, a), timeout=30)
-            sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
-                                                 "count": 3})
-            wait_for("held back by the budget", lambda: events(api, ns, "twice",
-                                                               "RemediationSkipped"))
-            first.stop()
-            patch_cr(api, ns, "twice", {"health": health(maxRestartsPerHour=5, minAvailable=0)})
-            with OperatorProcess(cluster.kubeconfig, "--standalone", "-n", ns) as second:
-                # the new operator re-reads b's whole log: old incidents are not acted on
-                wait_for("b's log re-read", lambda: metric(
-                    second.metrics(), "vlm_operator_detections_total",
-                    signature="tokenizer_retry") >= 3, timeout=30)
-                time.sleep(3)
-                assert not pod_gone(api, ns, b)
-                assert len(events(api, ns, "twice", "PodRestarted")) == 1
-                # a new incident after the restart is acted on
-                sim_post(b.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
-                                                     "count": 1})
-                wait_for("restart on the new incident", lambda: pod_gone(api, ns, b), timeout=30)
-                assert len(events(api, ns, "twice", "PodRestarted")) == 2
-    finally:
-        client.CoreV1Api(api).delete_namespace(ns)
+    # removing the last two at once would break minAvailable: a GPU was free, so they were
+    # replaced (surge, then delete) instead of held
+    assert events(api, ns, "all", "PodReplacing") and events(api, ns, "all", "PodReplaced")
 
 
 def _kill_operator_connections(proc: OperatorProcess, cluster) -> bool:

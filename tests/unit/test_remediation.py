@@ -1,24 +1,34 @@
-"""remediation.py: thresholds, windows, guards, budget, back-off, minAvailable, pod findings."""
+"""remediation.py: thresholds, windows, guards, budget, back-off, minAvailable, replacement,
+the steps of actions in flight, pod findings and reports."""
 
 from __future__ import annotations
 
 import pytest
 
 from vlm_operator import builders
+from vlm_operator.incidents import REPLACE, Incident, InFlight
 from vlm_operator.remediation import (
+    DELETE,
+    FINISH,
+    GIVE_UP,
     GUARDS,
     RESTART,
     SCALE_DOWN,
+    WAIT,
     PodView,
     Rule,
-    Windows,
     backoff_s,
     budget_report,
     decide,
+    lowered_replicas,
+    needs_replacement,
     pod_findings,
     pod_view,
     policy_from_spec,
+    remediating_report,
+    replace_step,
     scale_down_replicas,
+    scale_down_step,
     unpatched_report,
 )
 
@@ -30,17 +40,24 @@ def policy(**health):
 
 
 def pods(*spec):
-    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service."""
+    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
+    'f' an action in flight on it."""
     return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
-                    in_service="o" not in s, engine_dead="x" in s) for i, s in enumerate(spec)]
+                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
+            for i, s in enumerate(spec)]
+
+
+def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
+    key = {"engine_dead": "engineDead"}.get(signature, "tokenizerRetry")
+    return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
 
 
 def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),
-        **kw):
+        last=NOW, **kw):
     pol = pol or policy()
     _, rule = pol.rule_for(signature)
-    return decide(pod=pod, signature=signature, rule=rule, count=count, incident_time=NOW,
-                  now=NOW, pods=views if views is not None else pods("r", "r", "r"),
+    return decide(incident=incident(pod, signature, count, last), rule=rule, now=NOW,
+                  pods=views if views is not None else pods("r", "r", "r"),
                   history=history, policy=pol, **kw)
 
 
@@ -59,17 +76,11 @@ def test_policy_defaults_and_mapping():
          "threshold": 2}]}})
     assert extra.rule_for("cuda_oom") == ("extra:cuda_oom", Rule(2, 60.0, SCALE_DOWN))
     assert extra.rule_for("engine_dead")[0] == "engineDead"
-
-
-def test_window_slides_and_is_per_pod_and_key():
-    w = Windows()
-    assert [w.add("a", "k", t, 10) for t in (0, 1, 2)] == [1, 2, 3]
-    assert w.add("b", "k", 2, 10) == 1
-    assert w.add("a", "other", 2, 10) == 1
-    assert w.add("a", "k", 10.5, 10) == 3  # 0 fell out ((0.5, 10.5])
-    assert w.count("a", "k", 30, 10) == 0
-    w.forget("a")
-    assert w.add("a", "k", 31, 10) == 1
+    # a stall or an unresponsive API server is one verdict: threshold 1
+    assert pol.rule_for("engine_stalled") == ("engineStalled", Rule(1, 60.0, RESTART))
+    assert pol.rule_for("api_unresponsive") == ("apiUnresponsive", Rule(1, 60.0, RESTART))
+    slow = policy(engineStalled={"stallSeconds": 120, "action": "ScaleDown"})
+    assert slow.rule_for("engine_stalled")[1] == Rule(1, 240.0, SCALE_DOWN)
 
 
 @pytest.mark.parametrize("count,threshold,reason", [
@@ -85,21 +96,70 @@ def test_threshold(count, threshold, reason):
     ({"acted_until": NOW - 1}, pods("r", "r"), (), "act"),
     ({}, pods("rd", "r"), (), "in_progress"),
     ({}, pods("ro", "r"), (), "in_progress"),
+    ({}, pods("rf", "r"), (), "in_progress"),  # being replaced or drained already
     ({"backoff_until": NOW + 5}, pods("r", "r"), (), "backoff"),
     ({"backoff_until": NOW}, pods("r", "r"), (), "act"),
     ({}, pods("r", "r"), [NOW - 10 * i for i in range(6)], "budget_exhausted"),
     ({}, pods("r", "r"), [NOW - 3601 - i for i in range(6)], "act"),  # older than an hour
-    ({}, pods("r"), (), "min_available"),  # the only ready pod
-    ({}, pods("r", "n"), (), "min_available"),
+    ({}, pods("r"), (), "min_available"),  # the only ready pod, no GPU known to be free
+    ({"spare_gpus": False}, pods("r", "n"), (), "min_available"),
     ({}, pods("r", "x"), (), "min_available"),  # a dead engine is no capacity
     ({}, pods("n", "r"), (), "act"),  # the target is not capacity: removing it costs nothing
     ({}, pods("x", "r"), (), "act"),
+    ({}, pods("x"), (), "act"),  # the single replica is dead: restart it (default spec)
+    ({}, pods("n"), (), "act"),
 ])
 def test_guards(kw, views, history, reason):
     d = run(views=views, history=history, **kw)
     assert d.reason == reason
     assert d.act == (reason == "act")
     assert reason == "act" or reason in GUARDS
+
+
+def test_every_replica_dead_at_once_restarts_each_with_the_default_spec():
+    """The worst outage: no capacity anywhere, so minAvailable (default 1) holds nothing."""
+    views = pods("x", "x", "x")
+    acted = []
+    for p in [v.name for v in views]:
+        d = run(signature="engine_dead", count=1, pod=p, views=views)
+        assert d.action == RESTART, d.message
+        acted.append(p)
+        views = [PodView(v.name, v.ready, v.name == p or v.deleting, engine_dead=True)
+                 for v in views]
+    assert acted == ["p0", "p1", "p2"]
+
+
+def test_last_serving_replica_is_replaced_when_a_gpu_is_free():
+    d = run(views=pods("r"), spare_gpus=True)
+    assert d.action == REPLACE and "replacement comes up first" in d.message
+    held = run(views=pods("r"), spare_gpus=False)
+    assert held.reason == "min_available" and "no GPU is free" in held.message
+    assert held.holds
+    unknown = run(views=pods("r"), spare_gpus=None)
+    assert unknown.reason == "min_available" and "could not be read" in unknown.message
+    # ScaleDown on the last serving replica is replaced too: capacity must not drop
+    assert run(policy(tokenizerRetry={"action": "ScaleDown"}), views=pods("r"),
+               spare_gpus=True).action == REPLACE
+
+
+def test_needs_replacement():
+    pol = policy(minAvailable=2)
+    assert needs_replacement(pods("r", "r"), "p0", pol)
+    assert not needs_replacement(pods("r", "r", "r"), "p0", pol)
+    assert not needs_replacement(pods("x", "r"), "p0", pol)  # serves nothing
+    assert not needs_replacement(pods("r"), "gone", pol)
+    # a stalled engine or a mute API server is ready by its probes but serves nothing
+    for signature in ("engine_stalled", "api_unresponsive"):
+        assert not needs_replacement(pods("r", "r"), "p0", pol, signature)
+        assert run(signature=signature, count=1, views=pods("r")).action == RESTART
+
+
+def test_incident_older_than_its_window_is_not_acted_on():
+    """A standby taking over hours later replays the log: old lines must not act."""
+    d = run(last=NOW - 3 * 3600)
+    assert d.reason == "expired" and not d.act and not d.holds
+    assert run(last=NOW - 59).act
+    assert run(last=NOW - 60).reason == "expired"
 
 
 def test_engine_dead_confirmed_by_health():
@@ -126,7 +186,7 @@ def test_storm_on_all_pods_never_goes_below_min_available():
     views = pods("r", "r", "r", "r")
     acted = []
     for p in [v.name for v in views]:
-        d = run(pol, pod=p, views=views)
+        d = run(pol, pod=p, views=views, spare_gpus=False)
         if d.act:
             acted.append(p)
             views = [PodView(v.name, v.ready, v.name == p or v.deleting) for v in views]
@@ -153,6 +213,61 @@ def test_backoff_doubles_and_caps():
     (3, 1, 2), (2, 1, 1), (1, 1, None), (1, 0, 0), (0, 0, None)])
 def test_scale_down_replicas(current, min_available, expected):
     assert scale_down_replicas(current, min_available) == expected
+
+
+def record(action=SCALE_DOWN, replicas=3, since=NOW):
+    return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
+
+
+@pytest.mark.parametrize("kw,step", [
+    ({"present": False, "serving": False, "running": None}, FINISH),
+    ({"present": True, "serving": True, "running": 0, "now": NOW + 1}, WAIT),  # endpoints lag
+    ({"present": True, "serving": True, "running": 0}, DELETE),
+    ({"present": True, "serving": True, "running": 2}, WAIT),
+    # unknown is not zero: an unreadable /metrics is waited out like a busy pod
+    ({"present": True, "serving": True, "running": None}, WAIT),
+    ({"present": True, "serving": True, "running": None, "now": NOW + 60}, DELETE),
+    ({"present": True, "serving": True, "running": 2, "now": NOW + 60}, DELETE),
+    ({"present": True, "serving": False, "running": None}, DELETE),  # container not running
+])
+def test_scale_down_step(kw, step):
+    kw = {"since": NOW, "now": NOW + 5, **kw}
+    assert scale_down_step(timeout_s=60, min_drain_s=2, **kw) == step
+
+
+@pytest.mark.parametrize("kw,step", [
+    ({"present": False}, FINISH),
+    ({}, WAIT),  # the replacement is not ready yet
+    ({"others_ready": 1}, DELETE),
+    ({"serves": False}, DELETE),  # it stopped serving: nothing to wait for
+    ({"now": NOW + 100}, GIVE_UP),
+    ({"min_available": 2, "others_ready": 1}, WAIT),
+    ({"min_available": 2, "others_ready": 2}, DELETE),
+])
+def test_replace_step(kw, step):
+    kw = {"present": True, "serves": True, "others_ready": 0, "min_available": 1,
+          "since": NOW, "now": NOW + 5, **kw}
+    assert replace_step(timeout_s=100, **kw) == step
+
+
+def test_lowered_replicas_only_from_the_count_the_drain_began_with():
+    assert lowered_replicas(3, record(replicas=3), 1) == 2
+    assert lowered_replicas(2, record(replicas=3), 1) is None  # already lowered (a restart)
+    assert lowered_replicas(5, record(replicas=3), 1) is None  # the user scaled meanwhile
+    assert lowered_replicas(1, record(replicas=1), 1) is None  # minAvailable
+
+
+def test_remediating_report():
+    idle = remediating_report({}, [])
+    assert (idle.type, idle.status, idle.reason) == ("Remediating", "False", "NoOpenIncidents")
+    r = remediating_report({"u": record(REPLACE)}, [])
+    assert (r.status, r.reason) == ("True", "ReplacingPod") and "replacing p0" in r.message
+    held = run(views=pods("r"), spare_gpus=False)
+    r = remediating_report({}, [(incident(), held)])
+    assert (r.status, r.reason) == ("True", "WaitingForCapacity")
+    assert "no GPU is free" in r.message
+    budget = run(history=[NOW - i for i in range(6)])
+    assert remediating_report({}, [(incident(), budget)]).reason == "RestartBudgetExhausted"
 
 
 def pod(name="p0", ready=True, since="2026-01-01T00:00:00Z", restarts=0, last=None,

@@ -1,0 +1,517 @@
+"""The failure modes users hit, as runnable scenarios on the local test bed.
+
+Each scenario sets up VLMDeployments on a real control plane with simulated GPU nodes, injects
+a fault through the vLLM stand-in (vllmsim), and watches what happens: when the VLMDeployment
+was serving again, the fewest ready pods on the way, which pods were touched, and the Events.
+`tests/e2e/test_failure_matrix.py` asserts each row's outcome; `bench/failure_matrix.py` times
+the same rows with the operator remediating and with remediation off (only the kubelet's
+probes, the same pod spec), side by side.
+
+Serving again ("recovered") means: as many pods as spec.replicas are ready, answer /health
+with 200, and none of them is a container instance the fault hit (a pod's uid and restart
+count); a pod restarted by the kubelet in place counts once its new container serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from vlm_operator import builders, crd
+from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.nodesim import NodeSimulator
+from vlm_testbed.operator_process import OperatorProcess
+
+IMAGE = "vllm/vllm-openai:v0.20.2"
+POLL_S = 0.2
+READY_TIMEOUT_S = 120.0
+# Remediation off: every built-in signal only counted (what probes alone would do).
+IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"}}
+KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
+
+Instance = tuple[str, int]  # (pod uid, container restart count)
+
+
+@dataclass
+class Observed:
+    """What one scenario run showed; times in seconds from the fault."""
+
+    recovered_s: float | None = None  # None: not serving again within the limit
+    lowest_ready: int = 0  # fewest ready pods seen between the fault and the end
+    touched: list[str] = field(default_factory=list)  # pods deleted or restarted, unfaulted
+    events: Counter = field(default_factory=Counter)  # reasons of Events on the VLMDeployment
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"recovered_s": self.recovered_s, "lowest_ready": self.lowest_ready,
+                "touched": self.touched, "events": dict(self.events), **self.notes}
+
+
+def vlmd_body(name: str, replicas: int = 1, health: dict | None = None,
+              env: list | None = None, **spec) -> dict:
+    body_spec = {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": IMAGE, "replicas": replicas,
+                 **spec}
+    if health is not None:
+        body_spec["health"] = health
+    if env:
+        body_spec["vllm"] = {**body_spec.get("vllm", {}), "env": env}
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+            "spec": body_spec}
+
+
+def merged(*parts: dict | None) -> dict:
+    """spec.health from parts; nested policies merged key by key."""
+    out: dict = {}
+    for part in parts:
+        for key, value in (part or {}).items():
+            out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
+
+
+def post(ip: str, path: str, body: Any) -> Any:
+    req = urllib.request.Request(f"http://{ip}:{builders.PORT}{path}",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as rsp:
+        return json.loads(rsp.read())
+
+
+def healthy(ip: str | None) -> bool:
+    if not ip:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{builders.PORT}/health", timeout=1) as rsp:
+            return rsp.status == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+def is_ready(pod: Any) -> bool:
+    return pod.metadata.deletion_timestamp is None and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def instance(pod: Any) -> Instance:
+    statuses = pod.status.container_statuses or []
+    return pod.metadata.uid, (statuses[0].restart_count if statuses else 0)
+
+
+class Bed:
+    """One namespace, its simulated GPU node(s) and, where a scenario asks, operator
+    processes of its own (else the operator watching the namespace is someone else's)."""
+
+    def __init__(self, api: Any, kubeconfig: Any, namespace: str) -> None:
+        self.api, self.kubeconfig, self.ns = api, kubeconfig, namespace
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._stack = contextlib.ExitStack()
+        self.operators: list[OperatorProcess] = []
+        self.limit_s = 150.0  # how long `follow` waits for recovery by default
+
+    @classmethod
+    @contextlib.contextmanager
+    def new(cls, api: Any, kubeconfig: Any, namespace: str, *, create_namespace: bool = True,
+            ) -> Iterator[Bed]:
+        if create_namespace:
+            ready_namespace(api, namespace)
+        bed = cls(api, kubeconfig, namespace)
+        try:
+            with bed._stack:
+                yield bed
+        finally:
+            if create_namespace:
+                with contextlib.suppress(ApiException):
+                    client.CoreV1Api(api).delete_namespace(namespace)
+
+    # -- the node and operator side
+    def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n") -> NodeSimulator:
+        sim = NodeSimulator(self.kubeconfig, nodes=nodes, gpus_per_node=gpus_per_node,
+                            backoff_base=1.0, name_prefix=f"sim-{self.ns}-{tag}")
+        return self._stack.enter_context(sim)
+
+    def operator(self, *args: str) -> OperatorProcess:
+        """An operator process of this bed's own (standalone unless args say otherwise)."""
+        proc = OperatorProcess(self.kubeconfig, *(args or ("--standalone",)), "-n", self.ns)
+        self._stack.callback(self._stop_operator, proc)
+        self.operators.append(proc.start())
+        return proc
+
+    @staticmethod
+    def _stop_operator(proc: OperatorProcess) -> None:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop()
+
+    @staticmethod
+    def kill(proc: OperatorProcess, sig: int = signal.SIGKILL) -> None:
+        """End an operator process abruptly (SIGKILL: no cleanup, no peering goodbye)."""
+        proc.proc.send_signal(sig)
+        proc.proc.wait(30)
+
+    # -- VLMDeployments
+    def create(self, name: str, **kw) -> None:
+        self.custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, self.ns,
+                                                    crd.PLURAL, vlmd_body(name, **kw))
+
+    def get(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, self.ns,
+                                                        crd.PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(crd.GROUP, crd.VERSION, self.ns, crd.PLURAL,
+                                                   name, {"spec": spec})
+
+    def condition(self, name: str, type_: str) -> dict:
+        return next((c for c in (self.get(name).get("status") or {}).get("conditions") or []
+                     if c["type"] == type_), {})
+
+    def pods(self, name: str) -> list[Any]:
+        return self.core.list_namespaced_pod(
+            self.ns, label_selector=builders.get_selector(name)).items
+
+    def ready(self, name: str) -> list[Any]:
+        return [p for p in self.pods(name) if is_ready(p)]
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = READY_TIMEOUT_S,
+             ) -> Any:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ApiException):
+                last = check()
+                if last:
+                    return last
+            time.sleep(POLL_S)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last {last!r}")
+
+    def wait_ready(self, name: str, n: int) -> list[Any]:
+        """n ready pods that answer /health, none of them about to go."""
+        return self.wait(f"{n} ready pods of {name}", lambda: len(
+            r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r)
+
+    def events(self, name: str) -> Counter:
+        items = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={name}").items
+        return Counter(e.reason for e in items if e.involved_object.kind == crd.KIND)
+
+    def fault(self, pod: Any, spec: dict | list) -> None:
+        post(pod.status.pod_ip, "/sim/fault", spec)
+
+    # -- watching an outcome
+    def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
+               until: Callable[[], bool] | None = None, timeout: float | None = None,
+               settle: float = 2.0) -> Observed:
+        """Poll from the fault on: the fewest ready pods, when it served again (or `until`
+        held), then `settle` more seconds so late extra actions still show."""
+        seen = Observed(lowest_ready=replicas)
+        before = {p.metadata.uid: instance(p) for p in self.pods(name)}
+        deadline = time.monotonic() + (timeout or self.limit_s)
+        done_at = None
+        while time.monotonic() < deadline:
+            pods = self.pods(name)
+            ready = [p for p in pods if is_ready(p)]
+            seen.lowest_ready = min(seen.lowest_ready, len(ready))
+            if seen.recovered_s is None:
+                serving = [p for p in ready if instance(p) not in faulted
+                           and healthy(p.status.pod_ip)]
+                if len(serving) >= replicas:
+                    seen.recovered_s = round(time.time() - start, 2)
+            if done_at is None and (until() if until else seen.recovered_s is not None):
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at >= settle:
+                break
+            time.sleep(POLL_S)
+        now = {p.metadata.uid: instance(p) for p in self.pods(name)
+               if p.metadata.deletion_timestamp is None}
+        hit = {uid for uid, _ in faulted}
+        seen.touched = sorted(uid for uid, inst in before.items()
+                              if uid not in hit and now.get(uid) != inst)
+        seen.events = self.events(name)
+        seen.notes["last_remediation"] = (self.get(name).get("status") or {}).get(
+            "lastRemediation")
+        return seen
+
+
+# ---------------------------------------------------------------- the rows
+
+@dataclass(frozen=True)
+class Row:
+    """One failure mode. `run(bed, health)` sets it up (on the bed's operator), injects the
+    fault and returns what it observed; `health` is merged into spec.health (IGNORE_ALL for
+    the probes-only comparison). `probes` says whether that comparison means anything."""
+
+    id: str
+    what: str
+    run: Callable[[Bed, dict | None], Observed]
+    probes: bool = True
+    own_operator: bool = False  # the row starts (and kills) operator processes itself
+    must_not: str = ""  # rows about what must not happen: that, instead of a recovery time
+
+
+def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False):
+    """exit_code None: the engine dies and the process stays alive (keep-alive)."""
+    def run(bed: Bed, health: dict | None) -> Observed:
+        bed.nodes(gpus_per_node=replicas + 1)
+        bed.create("row", replicas=replicas, health=health,
+                   env=KEEP_ALIVE if exit_code is None else None)
+        pods = bed.wait_ready("row", replicas)
+        hit = pods if hit_all else pods[:1]
+        faulted = {instance(p) for p in hit}
+        start = time.time()
+        for p in hit:
+            bed.fault(p, {"fault": "engine_dead", "exit_code": exit_code or 0,
+                          "exit_delay": 5})
+        return bed.follow("row", replicas, faulted, start)
+    return run
+
+
+def storm(replicas: int, gpus_per_node: int, count: int | None = None):
+    """A tokenizer retry storm on one pod: 20 warnings/s (count None: until it is restarted)."""
+    def run(bed: Bed, health: dict | None) -> Observed:
+        bed.nodes(gpus_per_node=gpus_per_node)
+        bed.create("row", replicas=replicas, health=health)
+        pods = bed.wait_ready("row", replicas)
+        faulted = {instance(pods[0])}
+        start = time.time()
+        spec = {"fault": "tokenizer_retry", "rate": 20}
+        if count is not None:
+            spec["count"] = count
+        bed.fault(pods[0], spec)
+        if count is not None:  # below the threshold: nothing may happen; watch a while
+            return bed.follow("row", replicas, faulted, start, until=lambda: False,
+                              timeout=10, settle=0)
+        return bed.follow("row", replicas, faulted, start)
+    return run
+
+
+def storm_on_a_full_node(bed: Bed, health: dict | None) -> tuple[Any, float]:
+    """One replica on a node with one GPU (none free), then an endless retry storm on it;
+    returns the pod and when the storm began."""
+    bed.nodes(gpus_per_node=1)
+    bed.create("row", replicas=1, health=health)
+    (pod,) = bed.wait_ready("row", 1)
+    start = time.time()
+    bed.fault(pod, {"fault": "tokenizer_retry", "rate": 20})
+    return pod, start
+
+
+def storm_without_free_gpu(bed: Bed, health: dict | None) -> Observed:
+    """The only replica storms and no GPU is free: held with a condition; a node with a free
+    GPU joins, and the held incident is acted on (a replacement) without a new trigger."""
+    pod, start = storm_on_a_full_node(bed, health)
+    faulted = {instance(pod)}
+    held = bed.follow("row", 1, faulted, start, until=lambda: bed.condition(
+        "row", "Remediating").get("reason") == "WaitingForCapacity", timeout=20, settle=5)
+    notes = {"held_condition": bed.condition("row", "Remediating"),
+             "held_events": dict(bed.events("row"))}
+    bed.nodes(gpus_per_node=1, tag="extra")
+    seen = bed.follow("row", 1, faulted, start)
+    seen.notes.update(notes, held_recovered=held.recovered_s,
+                      touched_while_held=held.touched)
+    return seen
+
+
+def saturation(bed: Bed, health: dict | None) -> Observed:
+    """Busy, not broken: a full queue, slow service and a /metrics that answers after the
+    autoscaler's scrape timeout, on one of two autoscaled replicas. Nothing may be restarted
+    or drained for a minute of it."""
+    bed.nodes(gpus_per_node=3)
+    bed.create("row", replicas=2, health=health,
+               autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2,
+                            "scaleDownDelaySeconds": 0})
+    pods = bed.wait_ready("row", 2)
+    busy = pods[0]
+    start = time.time()
+    bed.fault(busy, [{"fault": "load", "max_running": 2, "service_seconds": 5},
+                     {"fault": "slow_metrics", "seconds": 3}])
+    requests = [threading.Thread(target=complete, args=(busy.status.pod_ip,), daemon=True)
+                for _ in range(8)]  # 2 running, 6 queued, 5 s each
+    for thread in requests:
+        thread.start()
+    seen = bed.follow("row", 2, set(), start, until=lambda: False, timeout=30, settle=0)
+    body = bed.get("row")
+    seen.notes.update(
+        out_of_service=[p.metadata.name for p in bed.pods("row") if (
+            p.metadata.labels or {}).get(builders.IN_SERVICE_LABEL) == "false"],
+        replicas=body["spec"]["replicas"],
+        autoscaling=(body.get("status") or {}).get("autoscaling"))
+    return seen
+
+
+def complete(ip: str, max_tokens: int = 1) -> None:
+    """One completion, answered or not (the caller only needs the pod busy)."""
+    with contextlib.suppress(OSError):
+        post(ip, "/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": max_tokens})
+
+
+def crash_loop(bed: Bed, health: dict | None) -> Observed:
+    """Every container's engine dies at start: restarted until the budget (2) is spent, then
+    Degraded and left to the kubelet; a raised budget lets the operator act again."""
+    bed.nodes(gpus_per_node=2)
+    die = {"fault": "engine_dead", "after": 2, "exit_code": 1, "exit_delay": 1}
+    bed.create("row", replicas=1, health=merged({"maxRestartsPerHour": 2}, health),
+               env=[{"name": "VLM_SIM_FAULT", "value": json.dumps(die)}])
+    start = time.time()
+    seen = bed.follow("row", 1, set(), start, until=lambda: bed.events("row")[
+        "PodRestarted"] >= 2 and bed.condition("row", "Degraded").get("status") == "True",
+        timeout=90, settle=15)
+    seen.notes["restarts_at_budget"] = seen.events["PodRestarted"]
+    seen.notes["degraded"] = bed.condition("row", "Degraded")
+    bed.patch_spec("row", {"health": {"maxRestartsPerHour": 4}})
+    after = bed.follow("row", 1, set(), time.time(), until=lambda: bed.events("row")[
+        "PodRestarted"] > seen.notes["restarts_at_budget"], timeout=60, settle=0)
+    seen.notes["restarts_after_raise"] = after.events["PodRestarted"]
+    seen.recovered_s = None  # a pod that crashes at every start never serves
+    return seen
+
+
+def operator_killed_mid_incident(bed: Bed, health: dict | None) -> Observed:
+    """Held (no GPU free), the operator is SIGKILLed; a GPU frees up and a fresh operator
+    replays the log: it acts on the held incident once."""
+    first = bed.operator()
+    pod, start = storm_on_a_full_node(bed, health)
+    faulted = {instance(pod)}
+    bed.wait("held", lambda: bed.events("row")["RemediationSkipped"], timeout=30)
+    bed.kill(first)
+    bed.nodes(gpus_per_node=1, tag="extra")
+    bed.operator()
+    return bed.follow("row", 1, faulted, start)
+
+
+def operator_killed_stale_incident(bed: Bed, health: dict | None) -> Observed:
+    """A short storm is held; the operator is SIGKILLed and a fresh one starts after the
+    incident's window: the replayed lines are too old to act on."""
+    first = bed.operator()
+    bed.nodes(gpus_per_node=1)
+    bed.create("row", replicas=1, health=merged(
+        {"tokenizerRetry": {"windowSeconds": 10}}, health))
+    (pod,) = bed.wait_ready("row", 1)
+    bed.fault(pod, {"fault": "tokenizer_retry", "rate": 20, "count": 8})
+    bed.wait("held", lambda: bed.events("row")["RemediationSkipped"], timeout=30)
+    bed.kill(first)
+    time.sleep(11)
+    bed.nodes(gpus_per_node=1, tag="extra")
+    op = bed.operator()
+    bed.wait("the log replayed", lambda: _metric(
+        op.metrics(), "vlm_operator_detections_total", "tokenizer_retry") >= 8, timeout=30)
+    seen = bed.follow("row", 1, set(), time.time(), until=lambda: False, timeout=8, settle=0)
+    seen.notes["remediating"] = bed.condition("row", "Remediating")
+    seen.notes["pod_kept"] = pod.metadata.uid in {p.metadata.uid for p in bed.pods("row")}
+    return seen
+
+
+def operator_killed_mid_drain(bed: Bed, health: dict | None) -> Observed:
+    """ScaleDown policy: the sick pod is draining a request when the operator is SIGKILLed;
+    a fresh operator finishes the drain from the cluster: the pod goes once idle, replicas
+    drop by exactly one, no pod is left out of the Service."""
+    first = bed.operator()
+    bed.nodes(gpus_per_node=3)
+    bed.create("row", replicas=2, health=merged(
+        {"tokenizerRetry": {"action": "ScaleDown"}}, health))
+    pods = bed.wait_ready("row", 2)
+    sick = pods[0]
+    bed.fault(sick, {"fault": "load", "running": 1})  # a request in flight
+    start = time.time()
+    bed.fault(sick, {"fault": "tokenizer_retry", "rate": 20})
+    bed.wait("draining", lambda: bed.events("row")["ScaleDownStarted"], timeout=30)
+    bed.kill(first)
+    bed.operator()
+    time.sleep(3)
+    bed.fault(sick, {"fault": "load", "running": 0})  # the request finished
+    seen = bed.follow("row", 1, {instance(sick)}, start, until=lambda: bed.get("row")[
+        "spec"]["replicas"] == 1 and not any(p.metadata.uid == sick.metadata.uid
+                                             for p in bed.pods("row")), timeout=60)
+    seen.notes["replicas"] = bed.get("row")["spec"]["replicas"]
+    seen.notes["out_of_service"] = [p.metadata.name for p in bed.pods("row") if (
+        p.metadata.labels or {}).get(builders.IN_SERVICE_LABEL) == "false"]
+    return seen
+
+
+def standby_takes_over(bed: Bed, health: dict | None) -> Observed:
+    """Two replicas on one peering; the active one is replacing the only serving pod (its
+    replacement loads for 8 s) when it is stopped; the standby finishes the replacement."""
+    peering = ("--peering", "vlm-operator")
+    bed.operator(*peering, "--priority", "5")
+    active = bed.operator(*peering, "--priority", "10")
+    bed.nodes(gpus_per_node=2)
+    bed.create("row", replicas=1, health=health,
+               env=[{"name": "VLM_SIM_STARTUP_SECONDS", "value": "8"}])
+    (pod,) = bed.wait_ready("row", 1)
+    faulted = {instance(pod)}
+    start = time.time()
+    bed.fault(pod, {"fault": "tokenizer_retry", "rate": 20})
+    bed.wait("replacing", lambda: bed.events("row")["PodReplacing"], timeout=30)
+    bed.kill(active, signal.SIGTERM)
+    return bed.follow("row", 1, faulted, start)
+
+
+def two_at_once(bed: Bed, health: dict | None) -> Observed:
+    """Two VLMDeployments fail together (an engine death, a retry storm): each is handled
+    on its own, neither's pods or Events touched by the other's."""
+    bed.nodes(gpus_per_node=4)
+    bed.create("row", replicas=1, health=health, env=KEEP_ALIVE)
+    bed.create("other", replicas=1, health=health)
+    (a,) = bed.wait_ready("row", 1)
+    (b,) = bed.wait_ready("other", 1)
+    start = time.time()
+    bed.fault(a, {"fault": "engine_dead"})
+    bed.fault(b, {"fault": "tokenizer_retry", "rate": 20})
+    seen = bed.follow("row", 1, {instance(a)}, start)
+    other = bed.follow("other", 1, {instance(b)}, start)
+    seen.notes["other"] = other.as_dict()
+    seen.recovered_s = max(seen.recovered_s or 1e9, other.recovered_s or 1e9)
+    seen.recovered_s = None if seen.recovered_s >= 1e9 else seen.recovered_s
+    return seen
+
+
+def _metric(text: str, name: str, signature: str) -> float:
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and sample.labels.get("signature") == signature)
+
+
+ROWS = [
+    Row("engine-dead-exit0-1", "engine death, process exits 0, 1 replica", engine_death(1, 0)),
+    Row("engine-dead-exit1-1", "engine death, process exits 1, 1 replica", engine_death(1, 1)),
+    Row("engine-dead-alive-1", "engine death, process stays alive, 1 replica",
+        engine_death(1, None)),
+    Row("engine-dead-exit0-3", "engine death, exits 0, 1 of 3 replicas", engine_death(3, 0)),
+    Row("engine-dead-exit1-3", "engine death, exits 1, 1 of 3 replicas", engine_death(3, 1)),
+    Row("engine-dead-alive-3", "engine death, stays alive, 1 of 3 replicas",
+        engine_death(3, None)),
+    Row("engine-dead-all-3", "every engine dead at once (stay alive), 3 replicas",
+        engine_death(3, None, hit_all=True)),
+    Row("storm-1-of-3", "tokenizer retry storm on 1 of 3 replicas", storm(3, 4)),
+    Row("storm-only-gpu-free", "retry storm on the only replica, a GPU free", storm(1, 2)),
+    Row("storm-only-no-gpu", "retry storm on the only replica, no GPU free (then one frees)",
+        storm_without_free_gpu),
+    Row("storm-below-threshold", "4 retry warnings, threshold 5", storm(2, 3, count=4),
+        probes=False, must_not="no pod touched, no Event"),
+    Row("saturation", "queue full, slow service, /metrics slower than the scrape timeout",
+        saturation, probes=False, must_not="no restart, no drain (LoadUnknown holds)"),
+    Row("crash-loop-budget", "engine dies at every start: restart budget spent, then raised",
+        crash_loop, probes=False,
+        must_not="2 restarts then Degraded, no flapping; a 3rd once the budget is raised"),
+    Row("operator-killed-mid-incident", "operator SIGKILLed holding an incident, a GPU frees",
+        operator_killed_mid_incident, probes=False, own_operator=True),
+    Row("operator-killed-stale-incident", "operator SIGKILLed, restarted after the window",
+        operator_killed_stale_incident, probes=False, own_operator=True,
+        must_not="the replayed old lines are not acted on"),
+    Row("operator-killed-mid-drain", "operator SIGKILLed while a ScaleDown drains",
+        operator_killed_mid_drain, probes=False, own_operator=True),
+    Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
+        standby_takes_over, probes=False, own_operator=True),
+    Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+]

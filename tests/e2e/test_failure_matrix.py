@@ -1,0 +1,143 @@
+"""The failure-mode matrix (issue 11): every row of vlm_testbed.failure_matrix on the real
+control plane, the operator as its own process, the default spec unless the row says
+otherwise. Each row asserts its outcome and that nothing else happened: no other pod touched,
+each action counted once, and status and Events that say what happened. Times are measured by
+bench/failure_matrix.py, never asserted here."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kube_helpers import SESSION_NS_PREFIX
+
+from vlm_testbed.failure_matrix import ROWS, Bed, Observed
+
+
+def said(seen: Observed, signature: str, action: str) -> None:
+    """status.lastRemediation names what was detected and done."""
+    last = seen.notes["last_remediation"] or {}
+    assert (last.get("signature"), last.get("action")) == (signature, action), last
+
+
+def dead(n):
+    def check(seen: Observed) -> None:
+        assert seen.recovered_s is not None, "not serving again"
+        assert seen.events["PodRestarted"] == n, seen.events
+        assert seen.touched == []
+        assert not seen.events["RemediationSkipped"]
+        said(seen, "engine_dead", "Restart")
+    return check
+
+
+def storm_one_of_three(seen: Observed) -> None:
+    assert seen.recovered_s is not None and seen.events["PodRestarted"] == 1, seen.events
+    assert seen.touched == [] and seen.lowest_ready >= 2
+    said(seen, "tokenizer_retry", "Restart")
+
+
+def storm_gpu_free(seen: Observed) -> None:
+    assert seen.recovered_s is not None
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
+    assert seen.events["PodRestarted"] == 0
+    assert seen.lowest_ready >= 1, "the only replica was removed before its replacement served"
+    said(seen, "tokenizer_retry", "Replace")
+
+
+def storm_no_gpu(seen: Observed) -> None:
+    held = seen.notes["held_condition"]
+    assert (held["status"], held["reason"]) == ("True", "WaitingForCapacity")
+    assert "no GPU is free" in held["message"]
+    assert seen.notes["held_events"].get("RemediationSkipped") == 1
+    assert seen.notes["held_recovered"] is None and seen.notes["touched_while_held"] == []
+    # a GPU freed up: the held incident was acted on, by replacement, once
+    assert seen.recovered_s is not None
+    assert seen.events["PodReplacing"] == 1 and seen.lowest_ready >= 1
+    said(seen, "tokenizer_retry", "Replace")
+
+
+def below_threshold(seen: Observed) -> None:
+    assert seen.touched == []
+    assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
+                "RemediationSkipped"} & set(seen.events)
+    assert seen.notes["last_remediation"] is None
+
+
+def saturation(seen: Observed) -> None:
+    assert seen.touched == [] and seen.lowest_ready == 2
+    assert seen.notes["out_of_service"] == [] and seen.notes["replicas"] == 2
+    assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted"} & set(seen.events)
+    assert seen.notes["autoscaling"]["reason"].startswith("LoadUnknown")
+
+
+def crash_loop(seen: Observed) -> None:
+    assert seen.notes["restarts_at_budget"] == 2, "flapping past the budget"
+    assert seen.notes["degraded"]["status"] == "True"
+    assert seen.events["RemediationSkipped"] >= 1
+    assert seen.notes["restarts_after_raise"] == 3  # then it crash-loops on: no said()
+
+
+def killed_mid_incident(seen: Observed) -> None:
+    assert seen.recovered_s is not None
+    assert seen.events["PodReplacing"] == 1 and seen.events["PodRestarted"] == 0
+
+
+def killed_stale(seen: Observed) -> None:
+    assert seen.notes["pod_kept"] and seen.touched == []
+    assert not {"PodRestarted", "PodReplacing"} & set(seen.events)
+    assert seen.notes["remediating"]["status"] == "False"
+
+
+def killed_mid_drain(seen: Observed) -> None:
+    assert seen.notes["replicas"] == 1, "replicas lowered twice or not at all"
+    assert seen.notes["out_of_service"] == []
+    assert seen.events["ScaleDownStarted"] == 1 and seen.events["ScaledDown"] == 1
+    assert seen.touched == []
+    said(seen, "tokenizer_retry", "ScaleDown")
+
+
+def standby(seen: Observed) -> None:
+    assert seen.recovered_s is not None
+    assert seen.events["PodReplacing"] == 1 and seen.events["PodReplaced"] == 1
+    assert seen.lowest_ready >= 1
+
+
+def two_at_once(seen: Observed) -> None:
+    assert seen.recovered_s is not None
+    assert seen.events["PodRestarted"] == 1 and not seen.events["PodReplacing"]
+    other = seen.notes["other"]
+    assert other["events"].get("PodReplacing") == 1 and not other["events"].get("PodRestarted")
+    assert seen.touched == [] and other["touched"] == []
+
+
+CHECKS = {
+    "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
+    "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
+    "engine-dead-exit1-3": dead(1), "engine-dead-alive-3": dead(1),
+    "engine-dead-all-3": dead(3), "storm-1-of-3": storm_one_of_three,
+    "storm-only-gpu-free": storm_gpu_free, "storm-only-no-gpu": storm_no_gpu,
+    "storm-below-threshold": below_threshold, "saturation": saturation,
+    "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
+    "operator-killed-stale-incident": killed_stale,
+    "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
+    "two-vlmds-at-once": two_at_once,
+}
+
+
+def test_every_row_has_a_check():
+    assert sorted(CHECKS) == sorted(r.id for r in ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_failure_mode(row, api, cluster, operator):
+    # rows with operators of their own stay out of the session operator's namespaces
+    prefix = "e2e-solo-" if row.own_operator else SESSION_NS_PREFIX
+    with Bed.new(api, cluster.kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}") as bed:
+        try:
+            seen = row.run(bed, None)
+        except BaseException:
+            for proc in bed.operators:
+                print(f"operator {proc.log_path}:", proc.log()[-4000:], sep="\n")
+            raise
+        print(row.id, seen.as_dict())
+        CHECKS[row.id](seen)

@@ -1,0 +1,55 @@
+"""Log watching: which pods the autoscaler should remove first, and what the plugin lines say."""
+
+import time
+
+from vlm_operator import remediation
+from vlm_operator.logwatch import Follower, LogWatch
+
+
+def pod(name, owner="demo", ns="ml"):
+    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}",
+                         "labels": {"app.kubernetes.io/instance": owner}}}
+
+
+def test_failing_pods_from_windows_and_findings():
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        for name in ("a", "b", "c"):
+            watch._followers[f"uid-{name}"] = Follower(watch, pod(name))  # not started
+        watch._followers["uid-x"] = Follower(watch, pod("x", owner="other"))
+        assert watch.failing_pods("ml", "demo") == set()  # no policy read yet: nothing known
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        assert watch.failing_pods("ml", "demo") == set()
+        now = time.time()
+        watch.windows.add("uid-a", "tokenizerRetry", now - 1, 60)
+        watch.windows.add("uid-x", "tokenizerRetry", now - 1, 60)  # another VLMDeployment's
+        watch.windows.add("uid-b", "engineDead", now - 3600, 60)  # long out of its window
+        watch._findings[("ml", "demo")] = {
+            "c": [remediation.Finding("CrashLoopBackOff", "c: crash", "c/crash")]}
+        assert watch.failing_pods("ml", "demo") == {"a", "c"}
+        assert watch.failing_pods("ml", "nobody") == set()
+    finally:
+        watch.stop()
+
+
+def test_any_inactive_plugin_line_makes_the_pod_unpatched():
+    """One process's `active` line must not hide another's `inactive` (issue 13, part 5): the
+    API server pooled its tokenizer, the engine core could not."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
+        env = {"VLM_TOKENIZER_POOL_SIZE": "5"}
+        active = vllmsim.plugin_line("0.20.2", "APIServer", 1, env)
+        inactive = vllmsim.plugin_line("0.20.2", "EngineCore", 2,
+                                       {**env, "VLM_SIM_PATCHED": "inactive"})
+        follower._line(active)
+        assert follower.plugin == "active"
+        follower._line(inactive)
+        follower._line(active)  # a later active line from another process
+        assert follower.plugin.startswith("inactive")
+        assert remediation.pod_findings({}, now=0, engine_dead_at=None,
+                                        plugin=follower.plugin)[0].kind == "Unpatched"
+    finally:
+        watch.stop()
