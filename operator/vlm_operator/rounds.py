@@ -1,0 +1,42 @@
+"""One round per VLMDeployment every second (periodic.py): its pods listed once, each pod's
+/metrics read once (scrape.Scraper: in parallel, each with a deadline), and the readings handed
+to stall detection and, in Builtin mode, to the autoscaler."""
+
+from __future__ import annotations
+
+from vlm_operator import builders
+from vlm_operator.autoscaler import Autoscaler, is_builtin
+from vlm_operator.kube import Kube
+from vlm_operator.logfollow import is_running
+from vlm_operator.scrape import Scraper
+from vlm_operator.spec import SpecError, parse
+from vlm_operator.stall_watch import StallWatch
+
+
+class Rounds:
+    def __init__(self, kube: Kube, scraper: Scraper, stall_watch: StallWatch,
+                 autoscaler: Autoscaler) -> None:
+        self.kube, self.scraper = kube, scraper
+        self.stall_watch, self.autoscaler = stall_watch, autoscaler
+
+    def tick(self, body: dict) -> None:
+        """body: the plain-dict snapshot periodic.py keeps (read, never changed)."""
+        try:
+            vlmd = parse(body)
+        except SpecError:
+            return
+        pods = [p for p in self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
+                if not p["metadata"].get("deletionTimestamp")]
+        # every running container, ready or not: a hung API server fails its readiness probe
+        # long before its liveness probe restarts it, and is still this round's business
+        scrapes = self.scraper.scrape([p for p in pods if is_running(p)])
+        self.stall_watch.observe(vlmd, pods, scrapes)
+        if is_builtin(vlmd.spec):
+            self.autoscaler.tick(body, pods, scrapes)
+        else:
+            self.autoscaler.forget(vlmd.namespace, vlmd.name)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The VLMDeployment is gone (or no longer this replica's)."""
+        self.stall_watch.forget(namespace, name)
+        self.autoscaler.forget(namespace, name)

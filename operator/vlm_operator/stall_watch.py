@@ -1,0 +1,140 @@
+"""Stall detection, the acting side: each round's /metrics readings go through stalls.py;
+canaries and /health checks run on threads of their own (one at a time per pod, each with its
+deadline), and verdicts reach the Remediator as engine_stalled or api_unresponsive incidents,
+with the same guards as log signatures.
+
+A canary is a 1-token completion with request id `vlm-operator-canary-*` (header X-Request-Id,
+user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request_success_total
+like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
+one per stallSeconds - canaryTimeoutSeconds; a pod whose counters move gets none.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from vlm_operator import scrape, stalls
+from vlm_operator.metrics import CANARIES, DETECTIONS
+from vlm_operator.remediator import Remediator
+from vlm_operator.spec import VLMDeployment
+
+log = logging.getLogger(__name__)
+
+API_HEALTH_TIMEOUT_S = 5.0  # as the generated liveness probe's timeout
+
+
+def _ready(pod: dict) -> bool:
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+class StallWatch:
+    def __init__(self, remediator: Remediator) -> None:
+        self.remediator = remediator
+        self._lock = threading.Lock()
+        # (namespace, name) -> pod uid -> progress, of running containers (canaries only for
+        # ready ones); replaced whole every round
+        self._progress: dict[tuple[str, str], dict[str, stalls.Progress]] = {}
+        self._checking: set[str] = set()  # pod uids with a canary or /health check running
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._progress.pop((namespace, name), None)
+
+    def observe(self, vlmd: VLMDeployment, pods: list[dict],
+                scrapes: dict[str, scrape.Scrape]) -> None:
+        """One round of a VLMDeployment: its pods and their readings (scrape.Scraper)."""
+        health = vlmd.spec["health"]
+        stalled, unresponsive = health["engineStalled"], health["apiUnresponsive"]
+        key = (vlmd.namespace, vlmd.name)
+        now = time.time()
+        due = []
+        with self._lock:
+            before = self._progress.get(key, {})
+            after = {}
+            for pod in pods:
+                uid = pod["metadata"]["uid"]
+                reading = scrapes.get(pod["metadata"]["name"])
+                if reading is None:  # not running: a new container starts afresh
+                    continue
+                progress = stalls.observe(before.get(uid), reading.values, now)
+                if reading.values is not None:
+                    progress = stalls.after_health(progress, False, None)
+                after[uid] = progress
+                if reading.error == scrape.TIMEOUT and unresponsive["action"] != "Ignore":
+                    due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
+                elif _ready(pod) and stalled["action"] != "Ignore" and stalls.canary_due(
+                        progress, now, stalled["stallSeconds"],
+                        stalled["canaryTimeoutSeconds"]):
+                    due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))
+            self._progress[key] = after
+        for uid, check, pod, arg in due:
+            self._start(uid, check, vlmd, pod, arg)
+
+    def _store(self, vlmd: VLMDeployment, uid: str, judge):
+        """(progress, verdict) = judge(progress) for a tracked pod, stored; None when the pod
+        is no longer tracked (gone or unready meanwhile: its verdict is moot)."""
+        with self._lock:
+            pods = self._progress.get((vlmd.namespace, vlmd.name), {})
+            if uid not in pods:
+                return None
+            progress, verdict = judge(pods[uid])
+            self._progress[(vlmd.namespace, vlmd.name)] = {**pods, uid: progress}
+            return progress, verdict
+
+    def _start(self, uid: str, check, *args) -> None:
+        with self._lock:
+            if uid in self._checking:
+                return
+            self._checking.add(uid)
+
+        def run() -> None:
+            try:
+                check(*args)
+            except Exception:  # a check must never take the watch down
+                log.exception("stall check of %s failed", uid)
+            finally:
+                with self._lock:
+                    self._checking.discard(uid)
+
+        threading.Thread(target=run, daemon=True, name=f"check {uid[:8]}").start()
+
+    def _canary(self, vlmd: VLMDeployment, pod: dict, timeout_s: float) -> None:
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        request_id = scrape.canary_id()
+        sent = time.time()
+        result = scrape.canary(scrape.pod_ip(pod), timeout_s, request_id)
+        CANARIES.labels(vlmd.namespace, vlmd.name, result).inc()
+        now = time.time()
+        judged = self._store(vlmd, uid, lambda p: stalls.after_canary(p, result, sent, now))
+        if judged is None or judged[1] != stalls.STALLED:
+            return
+        progress = judged[0]
+        detail = stalls.stall_detail(progress, now, timeout_s, request_id)
+        log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name, name, detail)
+        self._report(vlmd, pod, "engine_stalled", now, detail)
+
+    def _check_api(self, vlmd: VLMDeployment, pod: dict, needed: int) -> None:
+        """/metrics timed out this round: does /health answer within the probe's timeout?"""
+        name = pod["metadata"]["name"]
+        answer = scrape.health(scrape.pod_ip(pod), API_HEALTH_TIMEOUT_S)
+        judged = self._store(vlmd, pod["metadata"]["uid"],
+                             lambda p: (stalls.after_health(p, True, answer), None))
+        if judged is None or judged[0].timeouts < needed:
+            return
+        progress = judged[0]
+        detail = (f"/metrics and /health both timed out in {progress.timeouts} checks in a row "
+                  f"(/health waited {API_HEALTH_TIMEOUT_S:g} s): the API server's event loop is "
+                  "not answering")
+        log.warning("%s/%s: %s unresponsive: %s", vlmd.namespace, vlmd.name, name, detail)
+        self._report(vlmd, pod, "api_unresponsive", time.time(), detail)
+
+    def _report(self, vlmd: VLMDeployment, pod: dict, signature: str, t: float,
+                detail: str) -> None:
+        DETECTIONS.labels(vlmd.namespace, vlmd.name, signature).inc()
+        self.remediator.report(vlmd.namespace, vlmd.name, uid=pod["metadata"]["uid"],
+                               pod=pod["metadata"]["name"], signature=signature, t=t,
+                               count=lambda key, window_s: 1, detail=detail)
