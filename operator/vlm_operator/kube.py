@@ -2,6 +2,12 @@
 
 Everything that talks to the apiserver for the reconciler lives here, so the deciding code stays
 pure and this stays small.
+
+No call without a deadline: every request gets CONNECT_TIMEOUT_S to connect and READ_TIMEOUT_S
+for each read of the answer, connections carry TCP keepalive and a TCP user timeout (a
+connection to an apiserver that vanished, or a frozen one, fails instead of hanging a thread and
+the locks it holds), and a request that got no answer is raised as ApiException with status
+None, like every other API failure, so callers need one except clause and back off or retry.
 """
 
 from __future__ import annotations
@@ -9,14 +15,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import socket
 import time
 from functools import cached_property
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 from vlm_operator import crd
-from vlm_operator.metrics import EVENTS
+from vlm_operator.metrics import API_REQUESTS, EVENTS
 from vlm_operator.status import Event
 
 FIELD_MANAGER = "vlm-operator"
@@ -34,6 +43,13 @@ _PLURALS = {
     crd.KIND: crd.PLURAL,
 }
 KEDA_RECHECK_SECONDS = 10
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 20.0  # per read: the apiserver answers ordinary requests in milliseconds
+REQUEST_TIMEOUT = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+# An idle connection is probed after 30 s and dropped after 3 unanswered probes 10 s apart;
+# data sent and never acknowledged fails the connection after 30 s.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 30, 10, 3
+TCP_USER_TIMEOUT_MS = 30_000
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -44,6 +60,53 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def configure_connections(configuration: client.Configuration) -> client.Configuration:
+    """Keepalive on every connection, and no retry of a request that was sent: a timeout is
+    final (the caller decides), only a failed connect is tried once more."""
+    options = tcp_keepalive_socket_options(KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S,
+                                           KEEPALIVE_PROBES)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+        options.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS))
+    configuration.socket_options = options
+    configuration.retries = urllib3.Retry(total=1, read=0, redirect=0, status=0)
+    return configuration
+
+
+def no_answer(exc: BaseException) -> ApiException:
+    """A request that got no HTTP answer (refused, reset, timed out), as an ApiException with
+    status None."""
+    return ApiException(status=None, reason=f"no answer from the apiserver: "
+                                            f"{type(exc).__name__}: {exc}")
+
+
+def call(api: client.ApiClient, method: str, url: str, header_params=None, body=None,
+         post_params=None, timeout=None):
+    """ApiClient.call_api with a deadline (REQUEST_TIMEOUT unless given), counted in
+    vlm_operator_api_requests_total."""
+    try:
+        response = client.ApiClient.call_api(api, method, url, header_params, body,
+                                             post_params,
+                                             _request_timeout=timeout or REQUEST_TIMEOUT)
+    except ApiException as exc:
+        API_REQUESTS.labels(method, str(exc.status)).inc()
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        API_REQUESTS.labels(method, "none").inc()
+        raise no_answer(exc) from exc
+    API_REQUESTS.labels(method, str(response.status)).inc()
+    return response
+
+
+class ApiClient(client.ApiClient):
+    """kubernetes' ApiClient for the operator's own calls outside Kube (the generated API
+    classes, log streams): a deadline for every call that brings none, and no answer raised as
+    ApiException."""
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None,
+                 _request_timeout=None):
+        return call(self, method, url, header_params, body, post_params, _request_timeout)
 
 
 class Kube:
@@ -61,8 +124,11 @@ class Kube:
         params = self.api.param_serialize(method, path, query_params=query or [],
                                           header_params=headers, body=body,
                                           auth_settings=["BearerToken"])
-        response = self.api.call_api(*params)
-        response.read()
+        response = call(self.api, *params)
+        try:
+            response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # the answer stopped midway
+            raise no_answer(exc) from exc
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)
         return json.loads(response.data) if response.data else {}
@@ -92,6 +158,17 @@ class Kube:
         path = object_path(crd.API_VERSION, crd.KIND, namespace, name) + "/status"
         self._call("PATCH", path, body={"status": status},
                    content_type="application/merge-patch+json")
+
+    def patch_vlmd_annotations(self, namespace: str, name: str,
+                               annotations: dict[str, str | None],
+                               resource_version: str | None = None) -> dict:
+        """Merge-patch annotations (None removes one); with resource_version, only onto that
+        version of the object (409 Conflict otherwise)."""
+        meta: dict = {"annotations": annotations}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return self._call("PATCH", object_path(crd.API_VERSION, crd.KIND, namespace, name),
+                          body={"metadata": meta}, content_type="application/merge-patch+json")
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         result = self._call("GET", object_path("v1", "Pod", namespace),
@@ -142,13 +219,31 @@ class Kube:
         return True
 
     def list_cluster(self, path: str, selector: str | None = None) -> list[dict]:
-        """Items of a cluster-wide list, e.g. /api/v1/nodes or /api/v1/pods."""
+        """Items of a cluster-wide list, e.g. /apis/scheduling.k8s.io/v1/priorityclasses."""
         query = [("labelSelector", selector)] if selector else []
         return self._call("GET", path, query=query).get("items", [])
 
-    def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str]) -> None:
-        self._call("PATCH", object_path("v1", "Pod", namespace, name),
-                   body={"metadata": {"labels": labels}},
+    def list_page(self, path: str, query: list[tuple[str, str]]) -> dict:
+        """One page of a LIST (items, metadata.continue, metadata.resourceVersion)."""
+        return self._call("GET", path, query=query)
+
+    def watch(self, path: str, query: list[tuple[str, str]], read_timeout_s: float):
+        """Open a WATCH (query carries watch=true); the raw urllib3 response, whose stream
+        gives newline-separated JSON events. A read that waits read_timeout_s raises."""
+        params = self.api.param_serialize("GET", path, query_params=query,
+                                          header_params={"Accept": "application/json"},
+                                          auth_settings=["BearerToken"])
+        response = call(self.api, *params, timeout=(CONNECT_TIMEOUT_S, read_timeout_s))
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException(http_resp=response)
+        return response.response
+
+    def patch_pod(self, namespace: str, name: str, *, labels: dict | None = None,
+                  annotations: dict | None = None) -> None:
+        """Merge-patch a pod's labels and annotations (a None value removes one)."""
+        meta = {k: v for k, v in (("labels", labels), ("annotations", annotations)) if v}
+        self._call("PATCH", object_path("v1", "Pod", namespace, name), body={"metadata": meta},
                    content_type="application/merge-patch+json")
 
     def scale_vlmd(self, namespace: str, name: str, replicas: int) -> None:

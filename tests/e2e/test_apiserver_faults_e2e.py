@@ -1,0 +1,128 @@
+"""The operator when the real kube-apiserver goes away (issue 14): stopped for 30 s, then frozen
+with SIGSTOP for 30 s (its connections stay open and nothing answers: the half-open case), each
+while a replacement of a sick pod is in flight and Builtin autoscaling is scaling. The operator
+must recover by itself, lose no incident, act once per incident, and stay up.
+
+A control plane of its own: stopping the session's apiserver would pull it from under every
+other test. Recovery times are printed (bench material), never asserted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vlm_operator import builders, crd
+from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
+from vlm_testbed.failure_matrix import Bed, healthy, instance, is_ready
+
+OUTAGE_S = 30
+LOADING = [{"name": "VLM_SIM_STARTUP_SECONDS", "value": "8"}]  # a replacement loads a while
+SCALING = {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "target": 5,
+           "scaleDownDelaySeconds": 0}
+
+
+@pytest.fixture(scope="module")
+def plane():
+    build()
+    with ControlPlane(crd.get_all_crds()) as cp:
+        yield cp
+
+
+def metric(text: str, name: str, **labels) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def stalled(bed: Bed, name: str) -> dict:
+    return bed.condition(name, "OperatorStalled")
+
+
+def test_apiserver_stopped_then_frozen(plane):
+    api = api_client_from_kubeconfig(plane.kubeconfig)
+    with Bed.new(api, plane.kubeconfig, f"faults-{uuid.uuid4().hex[:6]}") as bed:
+        op = bed.operator()
+        try:
+            run(bed, plane, op)
+        except BaseException:
+            print(op.log()[-6000:])
+            raise
+        print("operator log, last lines:", op.log()[-2000:], sep="\n")
+
+
+def run(bed: Bed, plane: ControlPlane, op) -> None:
+    bed.nodes(gpus_per_node=6)
+    bed.create("inc", replicas=1, env=LOADING)
+    bed.create("scale", replicas=1, autoscaling=SCALING)
+    (sick,) = bed.wait_ready("inc", 1)
+    (first,) = bed.wait_ready("scale", 1)
+    times = {}
+
+    # -- 1. stopped for 30 s: a replacement in flight, a scale-up under way
+    bed.fault(sick, {"fault": "tokenizer_retry", "rate": 20})
+    bed.fault(first, {"fault": "load", "waiting": 12})  # needs 2.4 replicas
+    bed.wait("a replacement in flight", lambda: bed.events("inc")["PodReplacing"] == 1)
+    bed.wait("the scale-up written", lambda: bed.get("scale")["spec"]["replicas"] == 3)
+    plane.stop_apiserver()
+    time.sleep(OUTAGE_S)
+    plane.start_apiserver()
+    back = time.monotonic()
+    assert op.proc.poll() is None, "the operator exited while the apiserver was down"
+    replaced = bed.wait("the sick pod replaced", lambda: bed.events("inc")["PodReplaced"] == 1
+                        and serving(bed, "inc", 1, {instance(sick)}), timeout=240)
+    times["stop: replacement done"] = time.monotonic() - back
+    bed.wait("3 replicas serving", lambda: len(serving(bed, "scale", 3, set())) >= 3,
+             timeout=240)
+    times["stop: scale-up done"] = time.monotonic() - back
+    events = bed.events("inc")
+    assert (events["PodReplacing"], events["PodReplaced"], events["PodRestarted"]) == (1, 1, 0)
+    assert bed.get("scale")["spec"]["replicas"] == 3
+
+    # -- 2. frozen for 30 s: another replacement in flight, a scale-down about to drain
+    sick2 = replaced[0]
+    bed.fault(sick2, {"fault": "tokenizer_retry", "rate": 20})
+    bed.wait("a second replacement in flight", lambda: bed.events("inc")["PodReplacing"] == 2)
+    bed.fault(first, {"fault": "clear"})
+    unanswered = metric(op.metrics(), "vlm_operator_api_requests_total", code="none")
+    plane.freeze_apiserver()
+    try:
+        time.sleep(OUTAGE_S)
+        # calls into the frozen apiserver ended at their deadline rather than hanging
+        frozen = metric(op.metrics(), "vlm_operator_api_requests_total", code="none")
+    finally:
+        plane.thaw_apiserver()
+    back = time.monotonic()
+    assert frozen > unanswered, "no call gave up on the frozen apiserver"
+    assert op.proc.poll() is None, "the operator exited while the apiserver was frozen"
+    bed.wait("the second sick pod replaced", lambda: bed.events("inc")["PodReplaced"] == 2
+             and serving(bed, "inc", 1, {instance(sick), instance(sick2)}), timeout=240)
+    times["freeze: replacement done"] = time.monotonic() - back
+    bed.wait("scaled down to 1", lambda: bed.get("scale")["spec"]["replicas"] == 1
+             and len(bed.pods("scale")) == 1, timeout=240)
+    times["freeze: scale-down done"] = time.monotonic() - back
+    time.sleep(3)  # a late second action would show now
+    events = bed.events("inc")
+    assert (events["PodReplacing"], events["PodReplaced"], events["PodRestarted"]) == (2, 2, 0)
+    (left,) = bed.pods("scale")
+    assert left.metadata.uid == first.metadata.uid  # the newest went, drained, once each
+    assert left.metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+    assert bed.get("scale")["spec"]["replicas"] == 1
+
+    # -- it recovered by itself: every loop runs, every condition says so
+    for name in ("inc", "scale"):
+        bed.wait(f"OperatorStalled=False on {name}",
+                 lambda n=name: stalled(bed, n).get("status") == "False", timeout=60)
+    assert metric(op.metrics(), "vlm_operator_loop_stalled") == 0
+    assert op.proc.poll() is None
+    print("recovery after the apiserver answered again (s):",
+          {k: round(v, 1) for k, v in times.items()})
+
+
+def serving(bed: Bed, name: str, n: int, faulted: set) -> list:
+    """n ready pods answering /health, none of them a faulted container instance."""
+    pods = [p for p in bed.pods(name) if is_ready(p) and instance(p) not in faulted
+            and healthy(p.status.pod_ip)]
+    return pods if len(pods) >= n else []

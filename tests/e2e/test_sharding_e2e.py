@@ -1,0 +1,43 @@
+"""Sharded operators (issue 14): two processes, --shards 2 --shard 0/1, on the real apiserver.
+Every VLMDeployment is reconciled by exactly one of them, the one its hash names."""
+
+from __future__ import annotations
+
+import uuid
+
+from kube_helpers import cr, create, get_cr, wait_for
+from kubernetes import client
+
+from vlm_operator.sharding import shard_of
+from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.operator_process import OperatorProcess
+
+
+def test_each_vlmdeployment_is_handled_by_its_shard_only(api, cluster):
+    ns = ready_namespace(api, f"e2e-solo-{uuid.uuid4().hex[:6]}")
+    names = [f"s{i}" for i in range(6)]
+    owners = {name: shard_of(ns, name, 2) for name in names}
+    assert set(owners.values()) == {0, 1}, "pick names that land in both shards"
+    ops = [OperatorProcess(cluster.kubeconfig, "--standalone", "--shards", "2", "--shard",
+                           str(i), "-n", ns) for i in range(2)]
+    try:
+        for op in ops:
+            op.start()
+        for name in names:
+            create(api, ns, cr(name, replicas=0))
+        for name in names:
+            wait_for(f"{name} reconciled", lambda n=name: (get_cr(api, ns, n).get("status")
+                                                            or {}).get("observedGeneration"),
+                     timeout=120)
+        for name in names:
+            made = [i for i, op in enumerate(ops)
+                    if f"{ns}/{name}: Created Deployment {name}" in op.log()]
+            assert made == [owners[name]], (name, made)
+    except BaseException:
+        for op in ops:
+            print(op.log()[-3000:])
+        raise
+    finally:
+        for op in ops:
+            op.stop()
+        client.CoreV1Api(api).delete_namespace(ns)

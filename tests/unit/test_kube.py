@@ -1,0 +1,83 @@
+"""kube.py: every call has a deadline and keepalive, and no answer is an ApiException."""
+
+import socket
+import threading
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+
+from vlm_operator import kube
+
+
+@pytest.fixture
+def silent_server():
+    """Accepts connections and never answers: a frozen (SIGSTOPped) apiserver."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def api_client(host):
+    cfg = client.Configuration(host=host)
+    return kube.ApiClient(kube.configure_connections(cfg))
+
+
+def finishes(fn):
+    """Run fn in a thread; what it raised (it must end: without a deadline it never would)."""
+    out = {}
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test
+            out["exc"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)  # the deadline here is 0.2 s: this only catches a call that hangs
+    assert not thread.is_alive(), "the call hung"
+    return out.get("exc")
+
+
+def test_kube_calls_to_a_silent_apiserver_end_as_api_exceptions(silent_server, monkeypatch):
+    monkeypatch.setattr(kube, "REQUEST_TIMEOUT", (0.2, 0.2))
+    before = REGISTRY.get_sample_value("vlm_operator_api_requests_total",
+                                       {"verb": "GET", "code": "none"}) or 0
+    exc = finishes(lambda: kube.Kube(api_client(silent_server)).get_vlmd("ns", "name"))
+    assert isinstance(exc, ApiException) and exc.status is None
+    assert "no answer from the apiserver" in exc.reason
+    assert REGISTRY.get_sample_value("vlm_operator_api_requests_total",
+                                     {"verb": "GET", "code": "none"}) == before + 1
+    # a call through the generated API classes gets the same deadline
+    exc = finishes(lambda: client.CoreV1Api(api_client(silent_server)).read_namespace("x"))
+    assert isinstance(exc, ApiException) and exc.status is None
+
+
+def test_connections_keep_alive_and_never_resend():
+    cfg = kube.configure_connections(client.Configuration())
+    options = set(cfg.socket_options)
+    assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options
+    assert (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, kube.KEEPALIVE_IDLE_S) in options
+    assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, kube.TCP_USER_TIMEOUT_MS) in options
+    assert cfg.retries.read == 0 and cfg.retries.total == 1
