@@ -1,17 +1,27 @@
 """The Builtin autoscaler's acting side: scrape pods, ask autoscaling.py, write the results.
 
-One `tick` per VLMDeployment every second (periodic.py). Replicas are
+One `tick` per Builtin VLMDeployment every second (rounds.py, with the round's pods and their
+/metrics readings). Replicas are
 written through the VLMDeployment's scale subresource, the last decision into
 status.autoscaling (only that key), inputs and outputs into the operator's metrics.
 
-Scale-down is graceful: the chosen pod leaves the Service first (label IN_SERVICE_LABEL=false),
-is deleted when drained (no running or waiting request) or after DRAIN_TIMEOUT_S, and only then
-is spec.replicas lowered. Kubernetes 1.20 has no pod-deletion-cost, so the order matters: the
-ReplicaSet answers the deletion with a replacement, which is Pending and unready and so the
-first pod it removes when the replica count drops a moment later.
+Scale-down is graceful: the chosen pod leaves the Service first (label IN_SERVICE_LABEL=false
+and the annotation DRAIN_SINCE, in one patch), is deleted when drained (no running or waiting
+request) or after DRAIN_TIMEOUT_S, and only then is spec.replicas lowered. Which pods are
+draining is read back from those annotations every round, so a restarted or standby operator
+finishes the drains another began (the reconciler puts them back if Builtin autoscaling is
+turned off). Pods that log watching is removing (out of the Service without DRAIN_SINCE) are
+left alone. Kubernetes 1.20 has no pod-deletion-cost, so the order matters: the ReplicaSet
+answers the deletion with a replacement, which is Pending and unready and so the first pod it
+removes when the replica count drops a moment later.
 
 Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
 pod names to remove first (empty by default; the log watcher sets it).
+
+Scale-ups are granted from the GPU budget (autoscaling.share_gpus: replicas that fit on one
+node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
+(cluster_cache.py), never from a LIST per round. A budget the caches cannot vouch for holds
+scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full.
 """
 
 from __future__ import annotations
@@ -20,47 +30,35 @@ import datetime as dt
 import logging
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
-from prometheus_client.parser import text_string_to_metric_families
 
 from vlm_operator import autoscaling as a
-from vlm_operator import builders, metrics
+from vlm_operator import builders, metrics, scrape
+from vlm_operator.cluster_cache import ClusterCache, Stale
 from vlm_operator.kube import Kube, now_iso
 from vlm_operator.spec import SpecError, VLMDeployment, parse
 from vlm_operator.status import Event, Report
 
 log = logging.getLogger(__name__)
-SCRAPE_TIMEOUT_S = 1.0
 CLAIM_FRESH_S = 15.0  # other VLMDeployments' claims older than this are ignored
-CLUSTER_CACHE_S = 0.5
 Key = tuple[str, str]
 
 
 @dataclass
 class _State:
     history: tuple[a.Point, ...] = ()
-    draining: dict[str, float] = field(default_factory=dict)
     counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
     last: tuple[int, str] | None = None
-    limited: str | None = None  # message while a scale-up is held back by the GPU budget
+    limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
+    wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
 
 
 def is_builtin(spec: dict) -> bool:
     scaling = (spec or {}).get("autoscaling") or {}
     return bool(scaling.get("enabled")) and scaling.get("mode", "Builtin") == "Builtin"
-
-
-def parse_pod_metrics(text: str) -> dict[str, float]:
-    """Sample name -> value summed over label sets (engines, finished reasons)."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    return out
 
 
 def _creation(pod: dict) -> float:
@@ -72,51 +70,53 @@ def _creation(pod: dict) -> float:
 
 
 def _pod_state(pod: dict) -> str:
+    """READY: its /metrics say its load (an unreadable one is UNKNOWN). That includes a pod
+    whose container started and runs but is not Ready (a failing readiness probe, the node
+    controller marking an unreachable node's pods): requests may be in flight there, so it is
+    never "loading", which a drain would count as drained at once."""
     st = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in st.get("conditions") or [])
-    if ready and st.get("podIP"):
+    started = any(c.get("started") and "running" in (c.get("state") or {})
+                  for c in st.get("containerStatuses") or [])
+    if st.get("podIP") and (ready or started):
         return a.READY
     return a.LOADING if (pod.get("spec") or {}).get("nodeName") else a.PENDING
 
 
 class Autoscaler:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None] = lambda ns, name: None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, cluster: ClusterCache | None = None):
         self.kube = kube
+        self.cluster = cluster or ClusterCache(kube)
         self.reconcile = reconcile  # publishes status when a condition this reports changes
         # (Reconciler.refresh: logs its own errors)
         self.clock = clock
         self.failing_pods: Callable[[str, str], set[str]] = lambda namespace, name: set()
         self._states: dict[Key, _State] = {}
         self._claims: dict[Key, tuple[a.Claim, float]] = {}
-        self._lock = threading.Lock()  # claims and the cluster cache
-        self._cluster: tuple[float, int] | None = None
+        self._lock = threading.Lock()  # claims and priorities
         self._priorities: tuple[float, dict[str, int]] | None = None
 
     # -- inputs
-    def _scrape(self, vlmd: VLMDeployment, pod: dict, state: _State) -> a.PodSample:
+    def _sample(self, vlmd: VLMDeployment, pod: dict, reading: scrape.Scrape | None,
+                state: _State) -> a.PodSample:
         name = pod["metadata"]["name"]
         base = dict(name=name, created=_creation(pod),
                     failing=name in self._failing(vlmd))
         pod_state = _pod_state(pod)
         if pod_state != a.READY:
             return a.PodSample(state=pod_state, **base)
-        url = f"http://{pod['status']['podIP']}:{builders.PORT}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as rsp:
-                values = parse_pod_metrics(rsp.read().decode())
-        except (OSError, ValueError) as exc:
+        if reading is None or reading.values is None:
             metrics.AUTOSCALER_SCRAPE_ERRORS.labels(vlmd.namespace, vlmd.name).inc()
-            log.debug("scrape of %s failed: %s", url, exc)
-            return a.PodSample(state=a.LOADING, **base)  # no numbers: capacity, not load
+            return a.PodSample(state=a.UNKNOWN, **base)  # capacity, load unknown (not zero)
+        values = reading.values
         counters = (values.get("vllm:request_success_total", 0.0),
                     values.get("vllm:mm_cache_queries_total", 0.0))
         prev, last = state.counters.get(name, (None, 0.0))
         ipr = a.images_per_request(prev, counters, last)
         state.counters[name] = (counters, ipr)
-        busy = values.get("vllm:num_requests_running", 0.0) + values.get(
-            "vllm:num_requests_waiting", 0.0)
+        busy = sum(values.get(metric, 0.0) for metric in scrape.IN_FLIGHT_METRICS)
         return a.PodSample(state=a.READY, metric=values.get(vlmd.spec["autoscaling"]["metric"],
                                                              0.0),
                            kv_cache=values.get("vllm:kv_cache_usage_perc", 0.0),
@@ -129,15 +129,19 @@ class Autoscaler:
             log.exception("failing_pods hook failed")
             return set()
 
-    def _free_gpus(self) -> int:
-        with self._lock:
-            now = time.monotonic()
-            if self._cluster is None or now - self._cluster[0] > CLUSTER_CACHE_S:
-                nodes = self.kube.list_cluster("/api/v1/nodes")
-                pods = self.kube.list_cluster("/api/v1/pods")
-                self._cluster = (now, a.free_gpus(nodes, pods))
-                metrics.AUTOSCALER_FREE_GPUS.set(self._cluster[1])
-            return self._cluster[1]
+    def _budget(self) -> tuple[list[a.Node], dict[str, dict[str, int]]]:
+        """Schedulable nodes and what is free on each (raises Stale)."""
+        nodes, free = self.cluster.budget()
+        metrics.AUTOSCALER_FREE_GPUS.set(sum(f.get(builders.GPU_RESOURCE, 0)
+                                             for f in free.values()))
+        return nodes, free
+
+    def replica_fits(self, vlmd: VLMDeployment) -> bool:
+        """For surge replacements (remediator.py): whether one more replica fits on one node
+        its pods may use, in its GPU resource; raises Stale when the budget is unknown."""
+        nodes, free = self._budget()
+        return a.largest_free(nodes, free, vlmd.spec["gpuResourceName"],
+                              _placement(vlmd)) >= vlmd.spec["gpusPerReplica"]
 
     def _priority(self, vlmd: VLMDeployment) -> int:
         explicit = vlmd.spec["autoscaling"].get("priority")
@@ -154,35 +158,57 @@ class Autoscaler:
                                           for p in items})
             return self._priorities[1].get(class_name, 0)
 
-    def _grant(self, vlmd: VLMDeployment, current: int, bound: int, desired: int) -> int:
+    def _grant(self, vlmd: VLMDeployment, current: int, bound: int,
+               desired: int) -> tuple[int, tuple[str, str] | None]:
+        """Replicas granted, and (reason, text) when the budget held some back."""
         key = (vlmd.namespace, vlmd.name)
         claim = a.Claim(key, self._priority(vlmd), vlmd.spec["gpusPerReplica"], current, bound,
-                        desired)
-        free = self._free_gpus()
+                        desired, vlmd.spec["gpuResourceName"], _placement(vlmd))
         with self._lock:
             now = time.monotonic()
             self._claims[key] = (claim, now)
             fresh = [c for c, t in self._claims.values() if now - t <= CLAIM_FRESH_S]
-        return a.share_gpus(free, fresh)[key]
+        if desired <= current:  # scale-downs and holds need no budget
+            return desired, None
+        try:
+            nodes, free = self._budget()
+        except Stale as exc:
+            return current, ("GPUBudgetUnknown", f"the free GPUs are unknown ({exc}); holding "
+                                                 f"{current} replicas until they are known")
+        granted = a.share_gpus(nodes, free, fresh)[key]
+        if granted >= desired:
+            return granted, None
+        most = a.largest_free(nodes, free, claim.resource, claim.pod_spec)
+        return granted, ("InsufficientGPUs", (
+            f"only {granted} of {desired} replicas fit the free GPUs ("
+            f"{claim.gpus_per_replica} {claim.resource} per replica on one node its pods may "
+            f"use; the most free on one such node: {most})"))
 
     # -- one round
-    def tick(self, body: dict) -> a.Decision | None:
+    def tick(self, body: dict, pods: list[dict],
+             scrapes: dict[str, scrape.Scrape]) -> a.Decision | None:
         """One round for one VLMDeployment (body: the plain-dict snapshot periodic.py keeps;
-        read, never changed)."""
+        pods and their readings: this round's, rounds.py)."""
         started = time.monotonic()
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
+        state = self._states.setdefault(key, _State())
+        if state.wrote_over is not None and meta.get("resourceVersion") == state.wrote_over:
+            # this view predates our own last write (kopf's watch lags, or is down): deciding
+            # on it again would repeat that write's drains and deletions; read it afresh
+            body = self.kube.get_vlmd(*key)
+            if body is None:
+                return None
+            meta = body["metadata"]
         try:
             vlmd = parse(body)
         except SpecError:
             return None
-        if not is_builtin(vlmd.spec):
-            self.forget(*key)
-            return None
-        state = self._states.setdefault(key, _State())
-        pods = [p for p in self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
-                if not p["metadata"].get("deletionTimestamp")]
-        samples = [self._scrape(vlmd, p, state) for p in pods]
+        self.cluster.start_budget()  # current by the time a scale-up needs it
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                and not _removed_elsewhere(p)]
+        samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state)
+                   for p in pods]
         current = int(body["spec"].get("replicas", vlmd.spec["replicas"]))
         now = self.clock()
         decision = a.decide(samples, current, state.history, now,
@@ -190,61 +216,64 @@ class Autoscaler:
         state.history = decision.history
         desired, reason, message = decision.desired, decision.reason, decision.message
         bound = sum(1 for s in samples if s.state != a.PENDING)
-        granted = self._grant(vlmd, current, bound, desired)
-        if granted < desired:
-            message = (f"{message}; only {granted} of {desired} replicas fit the free GPUs "
-                       f"({vlmd.spec['gpusPerReplica']} per replica)")
-            reason, desired = "ScalingLimited", granted
-            self._set_limited(body, state, message)
-        else:
-            self._set_limited(body, state, None)
-        self._act(vlmd, samples, current, desired, state, now)
+        granted, limited = self._grant(vlmd, current, bound, desired)
+        if limited is not None:
+            message = f"{message}; {limited[1]}"
+            reason = "ScalingLimited" if limited[0] == "InsufficientGPUs" else limited[0]
+            desired = granted
+            limited = (limited[0], message)
+        self._set_limited(body, state, limited)
+        self._act(vlmd, samples, current, desired, pods, now, state,
+                  meta.get("resourceVersion"))
         self._record(vlmd, decision, samples, current, desired, reason, message, state)
         metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
         return a.Decision(desired, reason, message, decision.need, decision.history)
 
     def _act(self, vlmd: VLMDeployment, samples: list[a.PodSample], current: int, desired: int,
-             state: _State, now: float) -> None:
+             pods: list[dict], now: float, state: _State, seen: str | None) -> None:
+        """Drain, delete and write replicas, decided on the view of resourceVersion `seen`
+        (recorded before the first write: later rounds on that view read afresh)."""
         ns, name = vlmd.namespace, vlmd.name
+        draining = {p["metadata"]["name"]: since for p in pods
+                    if (since := a.draining_since(p)) is not None}
         if desired > current:
-            for pod in list(state.draining):
-                self._label(ns, pod, "true")
-            state.draining.clear()
+            for pod in draining:
+                self._mark(ns, pod, None)
+            state.wrote_over = seen
             self.kube.scale_vlmd(ns, name, desired)
             metrics.AUTOSCALER_SCALES.labels(ns, name, "up").inc()
             log.info("%s/%s: scaled up %d -> %d", ns, name, current, desired)
             return
-        plan = a.plan_scale_down(samples, desired, current, state.draining, now)
-        state.draining = {n: t for n, t in state.draining.items()
-                          if n in {s.name for s in samples} and n not in plan.put_back}
+        plan = a.plan_scale_down(samples, desired, current, draining, now)
         for pod in plan.put_back:
-            self._label(ns, pod, "true")
+            self._mark(ns, pod, None)
         for pod in plan.take_out:
-            self._label(ns, pod, "false")
-            state.draining[pod] = now
+            self._mark(ns, pod, now)
         if not plan.delete:
             return
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        state.wrote_over = seen
         for pod in plan.delete:
-            self.kube.delete("v1", "Pod", ns, pod)
-            state.draining.pop(pod, None)
+            self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod))
         target = current - len(plan.delete)
         self.kube.scale_vlmd(ns, name, target)
         metrics.AUTOSCALER_SCALES.labels(ns, name, "down").inc()
         log.info("%s/%s: scaled down %d -> %d, removed drained %s", ns, name, current, target,
                  ", ".join(plan.delete))
 
-    def _label(self, namespace: str, pod: str, value: str) -> None:
+    def _mark(self, namespace: str, pod: str, since: float | None) -> None:
+        """Take a pod out of the Service (draining since `since`) or put it back (None)."""
         try:
-            self.kube.patch_pod_labels(namespace, pod, {builders.IN_SERVICE_LABEL: value})
+            put_out_of_service(self.kube, namespace, pod, since)
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
-    def _set_limited(self, body: dict, state: _State, message: str | None) -> None:
-        if message and state.limited is None:
-            self.kube.post_event(body, Event("Warning", "ScalingLimited", message))
-        changed = (message is None) != (state.limited is None)
-        state.limited = message
+    def _set_limited(self, body: dict, state: _State, limited: tuple[str, str] | None) -> None:
+        if limited and (state.limited is None or state.limited[0] != limited[0]):
+            self.kube.post_event(body, Event("Warning", "ScalingLimited", limited[1]))
+        changed = (limited and limited[0]) != (state.limited and state.limited[0])
+        state.limited = limited
         if changed:
             self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
@@ -259,7 +288,7 @@ class Autoscaler:
             if s.state == a.READY))
         metrics.AUTOSCALER_DESIRED.labels(ns, name).set(desired)
         metrics.AUTOSCALER_CURRENT.labels(ns, name).set(current)
-        for pod_state in (a.READY, a.LOADING, a.PENDING):
+        for pod_state in (a.READY, a.UNKNOWN, a.LOADING, a.PENDING):
             metrics.AUTOSCALER_READY.labels(ns, name, pod_state).set(
                 sum(1 for s in samples if s.state == pod_state))
         metrics.AUTOSCALER_DECISIONS.labels(ns, name, reason).inc()
@@ -277,7 +306,7 @@ class Autoscaler:
         if state is None:
             return []
         if state.limited:
-            return [Report("ScalingLimited", "True", "InsufficientGPUs", state.limited)]
+            return [Report("ScalingLimited", "True", *state.limited)]
         return [Report("ScalingLimited", "False", "WithinBudget",
                        "scale-ups fit the free GPUs")]
 
@@ -299,3 +328,23 @@ class Autoscaler:
         self._states.pop((namespace, name), None)
         with self._lock:
             self._claims.pop((namespace, name), None)
+
+
+def _placement(vlmd: VLMDeployment) -> dict:
+    """What decides which nodes the VLMDeployment's pods may go to."""
+    template = builders.get_pod_template(vlmd)["spec"]
+    return {k: template.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
+
+
+def _removed_elsewhere(pod: dict) -> bool:
+    """Out of the Service, but not by this autoscaler: log watching is removing it."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(builders.IN_SERVICE_LABEL) == "false" and a.draining_since(pod) is None
+
+
+def put_out_of_service(kube: Kube, namespace: str, pod: str, since: float | None) -> None:
+    """One patch for the label the Service selects and the annotation that says since when, so
+    a drain is never half recorded; since=None puts the pod back."""
+    kube.patch_pod(namespace, pod,
+                   labels={builders.IN_SERVICE_LABEL: "false" if since is not None else "true"},
+                   annotations={a.DRAIN_SINCE: f"{since:.3f}" if since is not None else None})

@@ -22,6 +22,11 @@ Stabilisation (no oscillation under steady noisy load):
   thresholds stops flapping at the boundary.
 Pods still loading count as capacity on the way: needs are absolute replica counts compared
 with the current replica count, which includes them.
+
+Unknown is not zero: a ready pod whose /metrics could not be read (UNKNOWN) adds nothing to the
+need, so the need of the others is a lower bound: it may scale up, but no scale-down happens
+while any pod's load is unknown, no such pod is chosen to leave, and a draining one waits out
+its drain limit (an overloaded pod is exactly the one that answers slowly).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from vlm_operator.builders import GPU_RESOURCE, IN_SERVICE_LABEL
 from vlm_operator.spec import with_defaults
 
 TOLERANCE = 0.2
@@ -38,9 +44,9 @@ UP_WINDOW_S = 2.5
 SMOOTH_WINDOW_S = 30.0
 KV_HIGH = 0.8
 DRAIN_TIMEOUT_S = 120.0
-GPU = "nvidia.com/gpu"
 
-READY, LOADING, PENDING = "ready", "loading", "pending"
+READY, LOADING, PENDING, UNKNOWN = "ready", "loading", "pending", "unknown"
+DRAIN_SINCE = "serving.vlm-operator.dev/drain-since"  # pod: when the autoscaler took it out
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ class PodSample:
     """What the autoscaler knows about one pod at one scrape."""
 
     name: str
-    state: str = READY  # READY (scraped), LOADING (bound, not ready), PENDING (not bound)
+    state: str = READY  # READY (scraped), UNKNOWN (ready, scrape failed), LOADING (bound, not
+    # ready), PENDING (not bound)
     metric: float = 0.0  # the configured vLLM metric, summed over the pod's engines
     kv_cache: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
     images_per_request: float = 0.0
@@ -141,6 +148,7 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
         return done(hi, "AboveMaxReplicas", f"{current} replicas is above maxReplicas {hi}")
     if need is None:
         return done(current, "NoMetrics", "no ready pod to read load from")
+    unknown = sorted(p.name for p in pods if p.state == UNKNOWN)
 
     recent = [p.need for p in history if p.t >= now - UP_WINDOW_S]
     fast = min(recent)
@@ -160,6 +168,9 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
     delay = policy.scale_down_delay_s
     peak = max(p.smooth for p in history if p.t >= now - delay)
     down = max(lo, _ceil(peak / (1 - TOLERANCE)))
+    if down < current and unknown:
+        return done(current, "LoadUnknown", f"not scaling down: the load of {', '.join(unknown)} "
+                    "is unknown (/metrics unreadable)")
     if down >= current > max(lo, _ceil(need / (1 - TOLERANCE))):
         return done(current, "ScaleDownDelayed",
                     f"load is low now (need {need:.2f}) but needed {peak:.2f} replicas within "
@@ -182,42 +193,161 @@ def _ceil(x: float) -> int:
 
 
 # ---------------------------------------------------------------- the cluster's GPU budget
+#
+# A replica needs gpusPerReplica units of its GPU resource (spec.gpuResourceName: nvidia.com/gpu,
+# a MIG profile such as nvidia.com/mig-1g.10gb, amd.com/gpu, ...) on ONE node, and only on nodes
+# its pods may go to: their nodeSelector, required node affinity and tolerations (the pod
+# template's, builders.get_pod_template). Two nodes with one free GPU each hold no 2-GPU replica.
+# Inter-pod (anti-)affinity and topology spread are not predicted: replicas they keep out stay
+# Pending, are seen as such and hold their claim.
 
-def _gpus(resources: dict | None) -> int:
-    resources = resources or {}
-    value = (resources.get("requests") or {}).get(GPU, (resources.get("limits") or {}).get(GPU))
+class Taint(NamedTuple):
+    key: str
+    value: str
+    effect: str
+
+
+class Node(NamedTuple):
+    """A Ready, schedulable Node as the budget sees it."""
+
+    name: str
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    allocatable: dict[str, int]  # extended resources (a domain-prefixed name) only
+
+
+class PodUse(NamedTuple):
+    """Extended resources a pod bound to `node` holds."""
+
+    node: str
+    requests: dict[str, int]
+
+
+def _extended(name: str) -> bool:
+    """Extended resources (GPUs and other devices) are domain-prefixed and count in units;
+    cpu, memory, hugepages-* and ephemeral-storage are not, nor is kubernetes.io's domain."""
+    return "/" in name and not name.split("/", 1)[0].endswith("kubernetes.io")
+
+
+def _units(value: object) -> int:
     try:
-        return int(str(value)) if value is not None else 0
+        return int(str(value))
     except ValueError:
-        return 0
+        return 0  # extended resources are whole numbers; anything else holds no device
 
 
-def pod_gpus(pod: dict) -> int:
-    """GPUs a pod requests: the sum over its containers, or its largest init container."""
+def _container_requests(container: dict) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    # an extended resource's request defaults to its limit (they must be equal)
+    return {k: _units(v) for k, v in {**limits, **requests}.items() if _extended(k)}
+
+
+def pod_requests(pod_spec: dict) -> dict[str, int]:
+    """Extended resources a pod requests: its containers' sum, or its largest init container."""
+    total: dict[str, int] = {}
+    for container in pod_spec.get("containers") or []:
+        for name, n in _container_requests(container).items():
+            total[name] = total.get(name, 0) + n
+    for container in pod_spec.get("initContainers") or []:
+        for name, n in _container_requests(container).items():
+            total[name] = max(total.get(name, 0), n)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def pod_use(pod: dict) -> PodUse | None:
+    """What a pod holds: bound, not finished, requesting an extended resource; else None."""
     spec = pod.get("spec") or {}
-    main = sum(_gpus(c.get("resources")) for c in spec.get("containers") or [])
-    init = max((_gpus(c.get("resources")) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
+    node = spec.get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    requests = pod_requests(spec)
+    return PodUse(node, requests) if requests else None
 
 
-def _node_ready(node: dict) -> bool:
-    if (node.get("spec") or {}).get("unschedulable"):
-        return False
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def node_of(node: dict) -> Node | None:
+    """The budget's view of a Node; None for one that takes no new pods (not Ready, cordoned)."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    if spec.get("unschedulable") or not ready:
+        return None
+    taints = tuple(Taint(t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+                   for t in spec.get("taints") or [])
+    allocatable = {k: _units(v) for k, v in (status.get("allocatable") or {}).items()
+                   if _extended(k)}
+    return Node(node["metadata"]["name"], dict(node["metadata"].get("labels") or {}), taints,
+                allocatable)
 
 
-def free_gpus(nodes: list[dict], pods: list[dict]) -> int:
-    """Allocatable GPUs of Ready, schedulable Nodes minus what pods bound to them request.
+def free_by_node(nodes: list[Node], uses: list[PodUse]) -> dict[str, dict[str, int]]:
+    """Per node, allocatable extended resources minus what bound pods request.
 
     Pending (unbound) pods are not subtracted: they are what the budget is shared between.
     """
-    usable = {n["metadata"]["name"]: _gpus({"requests": (n.get("status") or {}).get(
-        "allocatable")}) for n in nodes if _node_ready(n)}
-    used = sum(pod_gpus(p) for p in pods
-               if (p.get("spec") or {}).get("nodeName") in usable
-               and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
-    return max(0, sum(usable.values()) - used)
+    free = {n.name: dict(n.allocatable) for n in nodes}
+    for use in uses:
+        left = free.get(use.node)
+        if left is None:
+            continue
+        for name, n in use.requests.items():
+            left[name] = left.get(name, 0) - n
+    return {name: {k: max(0, v) for k, v in left.items()} for name, left in free.items()}
+
+
+def tolerates(tolerations: list[dict], taint: Taint) -> bool:
+    """Kubernetes' ToleratesTaint, for any of `tolerations`."""
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint.effect:
+            continue
+        if tol.get("key") and tol["key"] != taint.key:
+            continue
+        if tol.get("operator") == "Exists" or tol.get("value", "") == taint.value:
+            return True
+    return False
+
+
+def _expression(expr: dict, values: dict[str, str]) -> bool:
+    key, op, wanted = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
+    have = values.get(key)
+    if op == "In":
+        return have is not None and have in wanted
+    if op == "NotIn":
+        return have is None or have not in wanted
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and len(wanted) == 1:
+        try:
+            a, b = int(have), int(wanted[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _term(term: dict, node: Node) -> bool:
+    exprs, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not exprs and not fields:  # an empty term matches no node
+        return False
+    return (all(_expression(e, node.labels) for e in exprs)
+            and all(_expression(f, {"metadata.name": node.name}) for f in fields))
+
+
+def node_fits(pod_spec: dict, node: Node) -> bool:
+    """Whether the scheduler may put a pod of `pod_spec` on `node`: nodeSelector, required node
+    affinity, and taints with effect NoSchedule or NoExecute tolerated (resources aside)."""
+    if any(node.labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if required is not None and not any(_term(t, node)
+                                        for t in required.get("nodeSelectorTerms") or []):
+        return False
+    tolerations = pod_spec.get("tolerations") or []
+    return all(tolerates(tolerations, t) for t in node.taints
+               if t.effect in ("NoSchedule", "NoExecute"))
 
 
 class Claim(NamedTuple):
@@ -229,19 +359,33 @@ class Claim(NamedTuple):
     current: int
     bound: int
     desired: int
+    resource: str = GPU_RESOURCE
+    pod_spec: dict | None = None  # nodeSelector, affinity, tolerations of its pods
 
 
-def share_gpus(free: int, claims: list[Claim]) -> dict[tuple[str, str], int]:
-    """Granted replicas per claim: free GPUs go to higher priority first (ties by name).
+def share_gpus(nodes: list[Node], free: dict[str, dict[str, int]],
+               claims: list[Claim]) -> dict[tuple[str, str], int]:
+    """Granted replicas per claim: free GPUs go to higher priority first (ties by name), one
+    replica at a time onto the eligible node with the least room that still holds it (so
+    large replicas keep the large gaps).
 
-    Scale-downs and holds are always granted; a scale-up gets only replicas whose GPUs are free,
-    never below the current count (pods already asked for are left to the scheduler).
+    Scale-downs and holds are always granted; a scale-up gets only replicas that fit, never
+    below the current count (pods already asked for are left to the scheduler, and placed
+    first: they take their GPUs when they bind).
     """
+    left = {name: dict(res) for name, res in free.items()}
     granted = {}
     for c in sorted(claims, key=lambda c: (-c.priority, c.key)):
-        want = max(0, max(c.desired, c.current) - c.bound)
-        take = min(want, free // max(1, c.gpus_per_replica))
-        free -= take * c.gpus_per_replica
+        need = max(1, c.gpus_per_replica)
+        eligible = [n.name for n in nodes if n.name in left and node_fits(c.pod_spec or {}, n)]
+        want, take = max(0, max(c.desired, c.current) - c.bound), 0
+        while take < want:
+            room = [(left[n].get(c.resource, 0), n) for n in eligible
+                    if left[n].get(c.resource, 0) >= need]
+            if not room:
+                break
+            left[min(room)[1]][c.resource] -= need
+            take += 1
         if c.desired <= c.current:
             granted[c.key] = c.desired
         else:
@@ -249,13 +393,22 @@ def share_gpus(free: int, claims: list[Claim]) -> dict[tuple[str, str], int]:
     return granted
 
 
+def largest_free(nodes: list[Node], free: dict[str, dict[str, int]], resource: str = GPU_RESOURCE,
+                 pod_spec: dict | None = None) -> int:
+    """The most units of `resource` free on one node a pod of `pod_spec` may go to: the
+    largest replica that fits anywhere."""
+    return max((free.get(n.name, {}).get(resource, 0) for n in nodes
+                if node_fits(pod_spec or {}, n)), default=0)
+
+
 # ---------------------------------------------------------------- graceful scale-down
 
 def victim_order(pods: list[PodSample]) -> list[PodSample]:
-    """Pods in the order they should go: failing, not bound, loading, least busy, newest."""
+    """Pods in the order they should go: failing, not bound, loading, least busy, newest.
+    Pods whose load is unknown are never picked."""
     rank = {PENDING: 0, LOADING: 1, READY: 2}
-    return sorted(pods, key=lambda p: (not p.failing, rank.get(p.state, 0), p.busy,
-                                       -p.created, p.name))
+    return sorted((p for p in pods if p.state != UNKNOWN),
+                  key=lambda p: (not p.failing, rank[p.state], p.busy, -p.created, p.name))
 
 
 class DrainPlan(NamedTuple):
@@ -279,7 +432,31 @@ def plan_scale_down(pods: list[PodSample], desired: int, current: int,
         put_back = []
     fresh = [p.name for p in victim_order([p for p in pods if p.name not in draining])]
     take_out = fresh[:excess - len(draining)]
-    delete = sorted(n for n, since in draining.items()
-                    if by_name[n].state != READY or by_name[n].busy <= 0
+    delete = sorted(n for n, since in draining.items() if drained(by_name[n])
                     or now - since >= drain_timeout_s)
     return DrainPlan(take_out, put_back, delete)
+
+
+def drained(pod: PodSample) -> bool:
+    """Nothing left to wait for: it does not serve, or it read idle (unknown is not idle)."""
+    return pod.state in (LOADING, PENDING) or (pod.state == READY and pod.busy <= 0)
+
+
+def draining_since(pod: dict) -> float | None:
+    """When the autoscaler took this pod out of the Service (its annotation), if it did."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(IN_SERVICE_LABEL) != "false":
+        return None
+    try:
+        return float((meta.get("annotations") or {})[DRAIN_SINCE])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def stale_drains(pods: list[dict], builtin: bool) -> list[str]:
+    """Pods the autoscaler took out that nothing will finish: Builtin autoscaling is off (a
+    mode switch, autoscaling disabled). They go back into the Service."""
+    if builtin:
+        return []
+    return sorted(p["metadata"]["name"] for p in pods if draining_since(p) is not None
+                  and not p["metadata"].get("deletionTimestamp"))

@@ -5,9 +5,8 @@ the one source of the replica count and the reconciler keeps applying it.
 
 HPA mode scales on a Pods metric served by prometheus-adapter through the custom metrics API.
 Kubernetes metric names cannot hold ':' there, so the HPA asks for the vLLM name with ':' made
-'_' (vllm:num_requests_waiting -> vllm_num_requests_waiting); a prometheus-adapter rule like
-    name: {matches: "^vllm:(.*)$", as: "vllm_${1}"}
-exposes it under that name. KEDA mode queries Prometheus itself.
+'_' (vllm:num_requests_waiting -> vllm_num_requests_waiting); PROMETHEUS_ADAPTER_RULE exposes
+it under that name. KEDA mode queries Prometheus itself.
 """
 
 from __future__ import annotations
@@ -19,6 +18,17 @@ HPA_KIND = "HorizontalPodAutoscaler"
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 KEDA_KIND = "ScaledObject"
 KEDA_POLLING_SECONDS = 15
+
+
+# The prometheus-adapter rule HPA mode needs (docs/install.md): every vLLM series that carries
+# the namespace and pod target labels becomes the Pods metric vllm_<name>, summed per pod.
+PROMETHEUS_ADAPTER_RULE = {
+    "seriesQuery": '{__name__=~"^vllm:.*",namespace!="",pod!=""}',
+    "resources": {"overrides": {"namespace": {"resource": "namespace"},
+                                "pod": {"resource": "pod"}}},
+    "name": {"matches": "^vllm:(.*)$", "as": "vllm_${1}"},
+    "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+}
 
 
 def _target_ref(vlmd: VLMDeployment) -> dict:

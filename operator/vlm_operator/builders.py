@@ -140,12 +140,12 @@ def _probe(period: int, failures: int, timeout: int = 5) -> dict:
 
 
 def _resources(vlmd: VLMDeployment) -> dict:
-    gpus = vlmd.spec["gpusPerReplica"]
+    gpus, resource = vlmd.spec["gpusPerReplica"], vlmd.spec["gpuResourceName"]
     user = copy.deepcopy(vlmd.spec.get("resources") or {})
     return {
         # a quantity string: server-side apply (1.20) rejects a bare integer with a 500
-        "requests": {**user.get("requests", {}), GPU_RESOURCE: str(gpus)},
-        "limits": {**user.get("limits", {}), GPU_RESOURCE: str(gpus)},
+        "requests": {**user.get("requests", {}), resource: str(gpus)},
+        "limits": {**user.get("limits", {}), resource: str(gpus)},
     }
 
 
@@ -183,6 +183,8 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
         "volumes": _volumes(vlmd),
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
+        # vLLM never calls the Kubernetes API: a mounted token would only be there to steal.
+        "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,
@@ -197,6 +199,8 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
     for key in ("nodeSelector", "affinity", "runtimeClassName", "priorityClassName"):
         if sched.get(key):
             pod_spec[key] = copy.deepcopy(sched[key])
+    if vlmd.spec.get("serviceAccountName"):  # e.g. cloud workload identity; still no token
+        pod_spec["serviceAccountName"] = vlmd.spec["serviceAccountName"]
     return {
         "metadata": {
             "labels": {**get_labels(vlmd.name), IN_SERVICE_LABEL: "true"},
@@ -210,13 +214,16 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
     }
 
 
-def get_deployment(vlmd: VLMDeployment) -> dict:
+def get_deployment(vlmd: VLMDeployment, surge: int = 0) -> dict:
+    """`surge`: extra replicas while log watching brings up replacements for sick pods that
+    still serve (remediator.py); they go once the sick pods are removed."""
+    replicas = vlmd.spec["replicas"]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(vlmd, vlmd.name),
         "spec": {
-            "replicas": vlmd.spec["replicas"],
+            "replicas": replicas + surge if replicas else 0,
             "selector": {"matchLabels": get_selector_labels(vlmd.name)},
             # GPUs are scarce: replace pods one at a time without needing a spare GPU.
             "strategy": {"type": "RollingUpdate",
@@ -270,13 +277,15 @@ def get_pvc(vlmd: VLMDeployment) -> dict | None:
 
 
 def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1",
-                 hpa_api_version: str = "autoscaling/v2", keda: bool = True) -> list[dict]:
+                 hpa_api_version: str = "autoscaling/v2", keda: bool = True,
+                 surge: int = 0) -> list[dict]:
     """Every object the VLMDeployment owns, in the order they should be applied.
 
-    `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none).
+    `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none); `surge`:
+    see get_deployment.
     """
     pvc = get_pvc(vlmd)
     scaling = autoscaling_builders.get_autoscaling_children(
         vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda)
-    return [*([pvc] if pvc else []), get_deployment(vlmd), get_service(vlmd),
+    return [*([pvc] if pvc else []), get_deployment(vlmd, surge), get_service(vlmd),
             get_pdb(vlmd, pdb_api_version), *scaling]

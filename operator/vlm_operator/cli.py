@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import TextIO
@@ -13,6 +14,10 @@ from vlm_operator import builders, crd
 from vlm_operator.spec import SpecError, parse
 
 EXIT_USAGE = 2
+# A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_SECRET_LABEL = re.compile(
+    rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}(=({_LABEL_NAME})?)?\Z")
 
 
 def _version() -> str:
@@ -93,6 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
+def _secret_label(text: str) -> str:
+    if text and not _SECRET_LABEL.match(text):  # "" (the default): no Secret rule
+        raise argparse.ArgumentTypeError(f"{text!r} is not a label key or key=value")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlm-operator",
@@ -152,7 +163,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="port of the /healthz liveness endpoint (0 disables it)")
     run.add_argument("--metrics-port", type=int, default=9090,
                      help="port of the Prometheus /metrics endpoint (0 disables it)")
+    run.add_argument("--shards", type=int, default=1,
+                     help="split VLMDeployments across this many operator processes (by a "
+                          "hash of namespace/name; docs/scaling.md); default 1")
+    run.add_argument("--shard", default="0",
+                     help="this process's shard, 0..shards-1, or 'auto': the ordinal of a "
+                          "StatefulSet pod (POD_NAME, else the host name)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
+    policy = run.add_argument_group(
+        "policy", "What a VLMDeployment may ask for (all off by default); a spec that breaks "
+        "the policy gets SpecValid=False naming the field and the rule (docs/security.md)")
+    policy.add_argument("--allowed-image-prefix", action="append", dest="image_prefixes",
+                        default=[], metavar="PREFIX",
+                        help="spec.image must start with one of these (repeatable), e.g. "
+                             "registry.example.com/vllm/")
+    policy.add_argument("--allowed-priority-class", action="append", dest="priority_classes",
+                        default=[], metavar="NAME",
+                        help="spec.scheduling.priorityClassName must be one of these "
+                             "(repeatable); unset stays allowed")
+    policy.add_argument("--secret-label", type=_secret_label, default="",
+                        metavar="KEY[=VALUE]",
+                        help="only Secrets carrying this label may be referenced "
+                             "(hfTokenSecretRef, env secretKeyRef); needs get on Secrets, of "
+                             "which the operator reads the metadata only")
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -89,11 +89,20 @@ def _spec() -> s.Schema:
                 pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+a-zA-Z0-9]*)?$"),
             "replicas": s.integer("Number of vLLM pods.", default=1, minimum=0, maximum=1000),
             "gpusPerReplica": s.integer(
-                "nvidia.com/gpu per pod; the tensor-parallel size defaults to it.",
+                "GPUs per pod, in units of gpuResourceName, all on one node; the "
+                "tensor-parallel size defaults to it.",
                 default=1, minimum=1, maximum=64),
+            "gpuResourceName": s.string(
+                "The extended resource the GPUs are requested as: nvidia.com/gpu, a MIG "
+                "profile under the mixed strategy (e.g. nvidia.com/mig-1g.10gb), amd.com/gpu. "
+                "Builtin autoscaling counts this resource when it fits replicas onto nodes.",
+                default="nvidia.com/gpu",
+                pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*"
+                        r"[A-Za-z0-9])?$"),
             "rendererNumWorkers": s.integer(
                 "Renderer worker threads (--renderer-num-workers, vLLM 0.19+). The tokenizer "
-                "pool holds rendererNumWorkers + 1 tokenizers on every vLLM version.",
+                "pool holds one tokenizer per thread that can use it: rendererNumWorkers + 1 "
+                "(the event loop), + 2 from vLLM 0.29 (its multimodal thread).",
                 default=1, minimum=1, maximum=64),
             "vllm": s.obj(
                 "Engine settings passed to `vllm serve`.",
@@ -155,6 +164,12 @@ def _spec() -> s.Schema:
                         "free GPUs when autoscaling."),
                 },
             ),
+            "serviceAccountName": s.string(
+                "An existing ServiceAccount of the namespace the pods run as, for cloud "
+                "workload identity (which brings its own token). Default: the namespace's "
+                "default ServiceAccount. Either way the Kubernetes API token is not mounted: "
+                "vLLM never calls the API.", min_length=1, max_length=253,
+                pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
             "hfTokenSecretRef": s.obj(
                 "The Hugging Face token, only ever taken from a Secret.",
                 {
@@ -186,6 +201,41 @@ def _spec() -> s.Schema:
                         "`Failed to acquire tokenizer` retry warnings", 5, 60, "Restart"),
                     "engineDead": _signature_policy(
                         "engine death (EngineDeadError)", 1, 60, "Restart"),
+                    "engineStalled": s.obj(
+                        "A hung engine: /health still answers but nothing progresses. When a "
+                        "pod's progress counters (vllm:generation_tokens_total, "
+                        "vllm:prompt_tokens_total, vllm:request_success_total) stand still, "
+                        "the operator sends it a canary, a 1-token completion (request id "
+                        "vlm-operator-canary-*); no progress and no answer for stallSeconds is "
+                        "a stall. An idle pod costs one canary per stallSeconds minus "
+                        "canaryTimeoutSeconds; a busy one none.",
+                        {
+                            "stallSeconds": s.integer(
+                                "Seconds without progress or a canary answer that make a stall.",
+                                default=30, minimum=10, maximum=3600),
+                            "canaryTimeoutSeconds": s.integer(
+                                "How long the canary may take; it is sent this long before "
+                                "stallSeconds run out, so less than stallSeconds.",
+                                default=10, minimum=1, maximum=600),
+                            "action": s.string("What to do about a stalled pod (as for the "
+                                               "other signals).", default="Restart",
+                                               enum=ACTIONS),
+                        },
+                        default={},
+                    ),
+                    "apiUnresponsive": s.obj(
+                        "An API server that no longer answers (its event loop blocked): the "
+                        "operator's /metrics read and then a /health check (5 s) both time out. "
+                        "Reported apart from engineStalled.",
+                        {
+                            "timeouts": s.integer(
+                                "Consecutive checks where both timed out that trigger the "
+                                "action.", default=3, minimum=1, maximum=100),
+                            "action": s.string("What to do about it.", default="Restart",
+                                               enum=ACTIONS),
+                        },
+                        default={},
+                    ),
                     "extraSignatures": s.array(
                         "Your own failure signatures: a regular expression matched at the start "
                         "of the message after vLLM's log header (never inside user text such as "
@@ -194,8 +244,12 @@ def _spec() -> s.Schema:
                             "name": s.string("Signature name, e.g. cuda_oom.",
                                              pattern=r"^[a-z][a-z0-9_]{0,62}$"),
                             "regex": s.string(
-                                "Python regular expression; must start with at least 3 literal "
-                                "characters; no nested quantifiers or backreferences.",
+                                "RE2 regular expression (https://github.com/google/re2/wiki/"
+                                "Syntax), matched from the start of the message in time linear "
+                                "in its length: no backreferences or lookaround, and \\z (not "
+                                "\\Z) for the end. Must start with at least 3 literal "
+                                "characters; the operator refuses other patterns with "
+                                "SpecValid=False.",
                                 min_length=3, max_length=256),
                             "action": s.string("What to do at the threshold.",
                                                default="Restart", enum=ACTIONS),

@@ -16,6 +16,16 @@ MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
 log = logging.getLogger(__name__)
 
 
+def _mine(memo: kopf.Memo, namespace: str, name: str, **_) -> bool:
+    """A VLMDeployment of this process's shard (sharding.py; every one when unsharded)."""
+    return memo.shard.owns(namespace, name)
+
+
+def _owner_mine(memo: kopf.Memo, body: kopf.Body, namespace: str, **_) -> bool:
+    """A child or pod whose VLMDeployment is of this process's shard."""
+    return memo.shard.owns(namespace, owner_name(body))
+
+
 def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
     """One reconcile; API errors become kopf retries (`retry`) or a log line, never a crash."""
     try:
@@ -33,15 +43,15 @@ def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> Non
         RECONCILES.labels(result="ok").inc()
 
 
-@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
+@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
+@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
 def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
     reconcile(memo, namespace, name, retry=True)
     memo.logwatch.spec_changed(namespace, name)
 
 
-@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
 async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
     """Keep periodic.py's view current: it runs autoscaling rounds and the resync in threads of
     its own, because kopf timers and daemons would put a finalizer on every VLMDeployment."""
@@ -55,7 +65,7 @@ async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
         memo.periodic.track(obj)
 
 
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
+@kopf.on.event("", "v1", "pods", labels=MANAGED, when=_owner_mine)
 async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
     """Start/stop following the pod's vLLM log (logwatch.py); never raises. Async and
     registered before child_changed, so log following never waits for executor slots taken
@@ -69,14 +79,32 @@ async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
         log.exception("log watch of pod %s failed", pod["metadata"].get("name"))
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-@kopf.on.event("", "v1", "services", labels=MANAGED)
-@kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED)
-@kopf.on.event("", "v1", "persistentvolumeclaims", labels=MANAGED)
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None:
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED, when=_owner_mine)
+@kopf.on.event("", "v1", "services", labels=MANAGED, when=_owner_mine)
+@kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED, when=_owner_mine)
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels=MANAGED, when=_owner_mine)
+@kopf.on.event("", "v1", "pods", labels=MANAGED, when=_owner_mine)
+def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, event: dict, **_) -> None:
     """A child changed or vanished: restore drift and refresh the owner's status."""
     owner = owner_name(body)
-    if owner:
+    if owner and _news(memo.seen, event):
         reconcile(memo, namespace, owner, retry=False)
+
+
+def _news(seen: dict[str, str], event: dict) -> bool:
+    """Whether an event says something not seen yet. kopf lists afresh whenever it reopens a
+    watch (every 5 minutes, and after 70 s without events where the apiserver sends no
+    bookmarks) and hands every listed object over again: with 200 VLMDeployments that was
+    some 8 reconciles/s of nothing (bench/results/scale.md). `seen`: uid -> resourceVersion."""
+    meta = (event.get("object") or {}).get("metadata") or {}
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    if event.get("type") == "DELETED":
+        seen.pop(uid, None)
+        return True
+    if not uid or not version:
+        return True
+    if seen.get(uid) == version:
+        return False
+    seen[uid] = version
+    return True
 

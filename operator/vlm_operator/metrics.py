@@ -10,8 +10,12 @@ EVENTS = Counter("vlm_operator_events_total",
                  "Kubernetes Events the operator recorded, by type and reason.",
                  ["type", "reason"])
 
+# Per-VLMDeployment label names. Not `namespace`/`name`: Prometheus gives every scraped series
+# the target's own `namespace` (the operator's), and a scraped label of that name would become
+# `exported_namespace` (docs/install.md).
+_VLMD = ["vlmdeployment_namespace", "vlmdeployment"]
+
 # Builtin autoscaler: its inputs and outputs, per VLMDeployment.
-_VLMD = ["namespace", "name"]
 AUTOSCALER_NEED = Gauge("vlm_operator_autoscaler_need_replicas",
                         "Replicas the observed load needs (fractional), before stabilisation.",
                         _VLMD)
@@ -23,7 +27,8 @@ AUTOSCALER_DESIRED = Gauge("vlm_operator_autoscaler_desired_replicas",
 AUTOSCALER_CURRENT = Gauge("vlm_operator_autoscaler_current_replicas",
                            "spec.replicas when the last decision was taken.", _VLMD)
 AUTOSCALER_READY = Gauge("vlm_operator_autoscaler_pods",
-                         "Pods seen by the autoscaler, by state (ready, loading, pending).",
+                         "Pods seen by the autoscaler, by state (ready, unknown, loading, "
+                         "pending).",
                          [*_VLMD, "state"])
 AUTOSCALER_DECISIONS = Counter("vlm_operator_autoscaler_decisions_total",
                                "Autoscaler decisions, by reason.", [*_VLMD, "reason"])
@@ -38,17 +43,45 @@ AUTOSCALER_TICK = Histogram("vlm_operator_autoscaler_tick_seconds",
                             "Time of one autoscaler round (scrapes, decision, writes).",
                             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
-# Log watching and remediation (logwatch.py).
+# Log watching, stall detection and remediation, per VLMDeployment (never per pod: bounded).
 DETECTIONS = Counter("vlm_operator_detections_total",
-                     "Incidents detected in managed pods' logs, by signature.", ["signature"])
+                     "Incidents detected in managed pods' logs or by stall detection, by "
+                     "signature.", [*_VLMD, "signature"])
 REMEDIATIONS = Counter("vlm_operator_remediations_total",
-                       "Remediation actions taken on pods, by action.", ["action"])
+                       "Remediation actions taken on pods, by action.", [*_VLMD, "action"])
 REMEDIATIONS_SKIPPED = Counter("vlm_operator_remediations_skipped_total",
-                               "Remediations held back by a guard, by reason.", ["reason"])
+                               "Remediations held back by a guard, by reason (once per incident "
+                               "and reason).", [*_VLMD, "reason"])
+CANARIES = Counter("vlm_operator_canaries_total",
+                   "Canary completions sent to pods whose progress counters stood still, by "
+                   "result (answered, timeout, refused, error).", [*_VLMD, "result"])
 LOG_LINES = Counter("vlm_operator_log_lines_total",
                     "Log lines read from managed pods (after de-duplication).")
+LOG_LINES_TRUNCATED = Counter("vlm_operator_log_lines_truncated_total",
+                              "Log lines longer than the follower's limit, cut to their start.")
 LOG_LINES_DEDUPLICATED = Counter("vlm_operator_log_lines_deduplicated_total",
                                  "Lines dropped as already seen when a log stream resumed.")
 LOG_RECONNECTS = Counter("vlm_operator_log_streams_ended_total",
                          "Follow streams that ended (container exit, timeout, dropped "
                          "connection) and were reopened.")
+
+# Robustness: the operator's own API calls, its watch-fed caches and its watchdog.
+API_REQUESTS = Counter("vlm_operator_api_requests_total",
+                       "Requests the operator sent to the apiserver (kopf's own come on top), by "
+                       "verb and HTTP status code (none: no answer before the deadline).",
+                       ["verb", "code"])
+CACHE_OBJECTS = Gauge("vlm_operator_cache_objects",
+                      "Objects held by each watch-fed cache (nodes, gpu-pods, managed-pods).",
+                      ["cache"])
+CACHE_LISTS = Counter("vlm_operator_cache_lists_total",
+                      "Full LISTs made by each watch-fed cache (the first, after 410 Gone, the "
+                      "rare relist, or polls where watch is not permitted).", ["cache"])
+LOOP_ROUND_AGE = Gauge("vlm_operator_loop_seconds_since_round",
+                       "Seconds since each of the operator's loops last completed a round.",
+                       ["loop"])
+LOOP_STALLED = Gauge("vlm_operator_loop_stalled",
+                     "1 while a loop has not completed a round in the watchdog's factor times "
+                     "its period.", ["loop"])
+ROUNDS_STALLED = Gauge("vlm_operator_rounds_stalled",
+                       "VLMDeployments whose once-a-second round has not completed in the "
+                       "watchdog's factor times its period.")

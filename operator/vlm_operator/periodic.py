@@ -1,9 +1,19 @@
-"""Periodic work on every VLMDeployment: Builtin autoscaling rounds and a slow resync.
+"""Periodic work on every VLMDeployment: a round every second (rounds.py: stall detection and
+Builtin autoscaling) and a slow resync, watched by the watchdog (watchdog.py).
 
 Our own threads rather than kopf timers and daemons, which put a finalizer on every
 VLMDeployment: deleting one would then hang whenever the operator is not running. kopf's watch
 events keep the set of objects here current (handlers.py); `may_act` keeps a replica that kopf's
-peering paused from acting (its events stop too, so what it holds here goes stale).
+peering paused from acting (its events stop too, so what it holds here goes stale). A round
+never waits for one slow VLMDeployment: one whose last round has not finished is skipped
+until it has.
+
+Each loop beats the watchdog when it completes a round: "rounds" and "resync" for the loops,
+and every VLMDeployment's own round (watchdog.round_loop). A thread of its own checks them every
+second; when one stalls or runs again, the VLMDeployments it serves are reconciled so their
+OperatorStalled condition says so. A round that fails is logged once, then counted silently
+until it works again (200 VLMDeployments failing every second during an apiserver outage would
+otherwise bury the log).
 """
 
 from __future__ import annotations
@@ -13,13 +23,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
-from vlm_operator.autoscaler import is_builtin
+from kubernetes.client.exceptions import ApiException
 
-AUTOSCALE_SECONDS = 1.0
+from vlm_operator.cluster_cache import Stale
+from vlm_operator.watchdog import ROUND_PREFIX, Watchdog, round_loop
+
+ROUND_SECONDS = 1.0
 RESYNC_SECONDS = 300.0  # a safety net: child and pod events drive the real work
+RESYNC_SPREAD = 0.8
+CHECK_SECONDS = 1.0  # the watchdog's
 TICK_WORKERS = 8
+PUBLISH_WORKERS = 2
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 
@@ -28,33 +44,47 @@ class Periodic:
     def __init__(self, *, tick: Callable[[dict], object], resync: Callable[[str, str], None],
                  forget: Callable[[str, str], None],
                  may_act: Callable[[str], bool] | None = None,
-                 autoscale_s: float = AUTOSCALE_SECONDS,
-                 resync_s: float = RESYNC_SECONDS) -> None:
-        """`tick(body)`: one autoscaling round; `resync(ns, name)`: one reconcile (logs its
-        own errors); `forget(ns, name)`: drop autoscaling state; `may_act(ns)`: peering.py."""
+                 watchdog: Watchdog | None = None,
+                 round_s: float = ROUND_SECONDS,
+                 resync_s: float = RESYNC_SECONDS, check_s: float = CHECK_SECONDS) -> None:
+        """`tick(body)`: one round of a VLMDeployment; `resync(ns, name)`: one reconcile (logs
+        its own errors); `forget(ns, name)`: drop its round state; `may_act(ns)`: peering.py."""
         self._tick, self._resync, self._forget = tick, resync, forget
         self._may_act = may_act or (lambda namespace: True)
-        self.autoscale_s, self.resync_s = autoscale_s, resync_s
+        self.watchdog = watchdog or Watchdog()
+        self.round_s, self.resync_s = round_s, resync_s
         self._bodies: dict[Key, dict] = {}
+        self._ticking: set[Key] = set()  # rounds still running
+        self._failing: dict[Key, int] = {}  # rounds failed in a row, while > 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(TICK_WORKERS, thread_name_prefix="autoscale")
+        self._pool = ThreadPoolExecutor(TICK_WORKERS, thread_name_prefix="round")
+        self._publish = ThreadPoolExecutor(PUBLISH_WORKERS, thread_name_prefix="watchdog")
         self._threads = [
-            threading.Thread(target=self._every, args=(autoscale_s, self._autoscale_round, 0.0),
-                             daemon=True, name="autoscaler"),
+            threading.Thread(target=self._every, args=("rounds", round_s, self._round, 0.0),
+                             daemon=True, name="rounds"),
             # the first resync waits a period: on.resume reconciled everything at start
-            threading.Thread(target=self._every, args=(resync_s, self._resync_round, resync_s),
-                             daemon=True, name="resync")]
+            threading.Thread(target=self._every,
+                             args=("resync", resync_s, self._resync_round, resync_s),
+                             daemon=True, name="resync"),
+            threading.Thread(target=self._watch, args=(check_s,), daemon=True,
+                             name="watchdog")]
 
     # -- from kopf's watch events
     def track(self, body: dict) -> None:
         meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
         with self._lock:
-            self._bodies[(meta["namespace"], meta["name"])] = json.loads(json.dumps(body))
+            new = key not in self._bodies
+            self._bodies[key] = json.loads(json.dumps(body))
+        if new:  # its round's clock starts now
+            self.watchdog.beat(round_loop(*key), self.round_s)
 
     def untrack(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)
+            self._failing.pop((namespace, name), None)
+        self.watchdog.forget(round_loop(namespace, name))
         self._forget(namespace, name)
 
     # -- the loops
@@ -66,9 +96,12 @@ class Periodic:
     def stop(self) -> None:
         self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._publish.shutdown(wait=False, cancel_futures=True)
 
-    def _every(self, seconds: float, fn: Callable[[], None], first_wait: float) -> None:
+    def _every(self, loop: str, seconds: float, fn: Callable[[], None],
+               first_wait: float) -> None:
         """fn every `seconds`, start to start; a slow round delays the next, never overlaps."""
+        self.watchdog.beat(loop, max(seconds, first_wait))
         wait = first_wait
         while not self._stop.wait(wait):
             started = time.monotonic()
@@ -76,25 +109,90 @@ class Periodic:
                 fn()
             except Exception:  # a round must never end the loop
                 if not self._stop.is_set():  # stopping cancels what a round still submits
-                    log.exception("periodic %s failed", fn.__name__)
+                    log.exception("periodic %s failed", loop)
+            self.watchdog.beat(loop, seconds)
             wait = max(0.0, seconds - (time.monotonic() - started))
 
     def _mine(self) -> list[dict]:
         with self._lock:
             bodies = list(self._bodies.values())
-        return [b for b in bodies if self._may_act(b["metadata"]["namespace"])]
+        mine = []
+        for body in bodies:
+            meta = body["metadata"]
+            if self._may_act(meta["namespace"]):
+                mine.append(body)
+            else:  # the active replica runs its rounds: nothing is owed here
+                self.watchdog.beat(round_loop(meta["namespace"], meta["name"]), self.round_s)
+        return mine
 
-    def _autoscale_round(self) -> None:
-        builtin = [b for b in self._mine() if is_builtin(b.get("spec") or {})]
-        list(self._pool.map(self._tick_logged, builtin))  # every tick of the round done
+    def _round(self) -> None:
+        futures = []
+        for body in self._mine():
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            with self._lock:
+                if key in self._ticking:  # its last round is still running: skip it
+                    continue
+                self._ticking.add(key)
+            futures.append(self._pool.submit(self._tick_logged, key, body))
+        wait(futures, timeout=self.round_s)  # the slow ones finish on their own
 
-    def _tick_logged(self, body: dict) -> None:
+    def _tick_logged(self, key: Key, body: dict) -> None:
         try:
             self._tick(body)
-        except Exception:
-            meta = body["metadata"]
-            log.exception("autoscaling round of %s/%s failed", meta["namespace"], meta["name"])
+        except Exception as exc:
+            self._failed(key, exc)
+        else:
+            with self._lock:
+                failed = self._failing.pop(key, 0)
+            if failed:
+                log.info("round of %s/%s works again after %d failed rounds", *key, failed)
+        finally:
+            with self._lock:
+                self._ticking.discard(key)
+                tracked = key in self._bodies
+            if tracked:
+                self.watchdog.beat(round_loop(*key), self.round_s)
+
+    def _failed(self, key: Key, exc: Exception) -> None:
+        with self._lock:
+            count = self._failing[key] = self._failing.get(key, 0) + 1
+        if count > 1:
+            return
+        if isinstance(exc, (ApiException, Stale)):  # expected trouble: one line says it
+            log.warning("round of %s/%s failed: %s (logged again when it works)", *key,
+                        str(exc).strip().replace("\n", " "))
+        else:
+            log.exception("round of %s/%s failed (logged again when it works)", *key)
 
     def _resync_round(self) -> None:
-        for body in self._mine():
+        """Every VLMDeployment once, spread over RESYNC_SPREAD of the period: 200 reconciles
+        at once would be a burst of some 2,000 requests to the apiserver every 5 minutes."""
+        bodies = self._mine()
+        gap = self.resync_s * RESYNC_SPREAD / max(1, len(bodies))
+        for i, body in enumerate(bodies):
+            if i and self._stop.wait(gap):
+                return
             self._resync(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    # -- the watchdog
+    def _watch(self, check_s: float) -> None:
+        while not self._stop.wait(check_s):
+            try:
+                changed = self.watchdog.check()
+            except Exception:  # the watchdog must outlive what it reports
+                log.exception("watchdog check failed")
+                continue
+            if changed:
+                self._publish_conditions(changed)
+
+    def _publish_conditions(self, loops: list[str]) -> None:
+        """Reconcile the VLMDeployments whose OperatorStalled changed (in threads of their own:
+        the reconcile may be what is stuck)."""
+        with self._lock:
+            tracked = set(self._bodies)
+        if any(not loop.startswith(ROUND_PREFIX) for loop in loops):
+            keys = tracked
+        else:
+            keys = {tuple(loop[len(ROUND_PREFIX):].split("/", 1)) for loop in loops} & tracked
+        for namespace, name in sorted(keys):
+            self._publish.submit(self._resync, namespace, name)

@@ -6,11 +6,24 @@ resync) ends here, so drift is restored and status refreshed by the same code pa
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable
 
-from vlm_operator import autoscaling_builders, builders, crd, status
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator import (
+    autoscaling,
+    autoscaling_builders,
+    builders,
+    crd,
+    incidents,
+    policy,
+    status,
+)
+from vlm_operator.autoscaler import is_builtin, put_out_of_service
 from vlm_operator.kube import Kube, now_iso
 from vlm_operator.spec import SpecError, parse, validate
 
@@ -41,8 +54,9 @@ ReportProvider = Callable[[str, str], list[status.Report]]
 
 
 class Reconciler:
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, rules: policy.Policy | None = None):
         self.kube = kube
+        self.rules = rules  # the cluster admin's policy (policy.py); None: none
         self.report_providers: list[ReportProvider] = []
         self._guard = threading.Lock()
         self._running: set[tuple[str, str]] = set()
@@ -91,37 +105,61 @@ class Reconciler:
         namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
         old_status = body.get("status") or {}
         first_look = old_status.get("observedGeneration") != generation
-        problems, warnings = validate(body)
+        problems, warnings = validate(body, self.rules, lambda secret: policy.secret_labels(
+            self.kube.api, namespace, secret))
         vlmd = None
         if not problems:
             try:
                 vlmd = parse(body)
             except SpecError as exc:  # validate and parse agree; kept for safety of the loop
                 problems = exc.problems
+        failures: list[ApiException] = []
         if vlmd is not None:
-            self._apply_children(body, vlmd, drift=not first_look)
+            failures = self._apply_children(body, vlmd, drift=not first_look)
             if first_look:
                 for warning in warnings:
                     self.kube.post_event(body, status.Event("Warning", "SpecWarning", warning))
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         pods = self.kube.list_pods(namespace, builders.get_selector(name))
+        if vlmd is not None:
+            self._put_back_stale_drains(body, vlmd, pods)
         reports = [r for provider in self.report_providers for r in provider(namespace, name)]
+        if failures:
+            reports.append(status.Report("Degraded", "True", "ApplyFailed", "; ".join(
+                _failure_text(exc) for exc in failures)))
         new_status = status.get_status(
             name=name, generation=generation, old=old_status, vlmd=vlmd, problems=problems,
-            deployment=deployment, pods=pods, now=now_iso(), reports=reports)
+            deployment=deployment, pods=pods, now=now_iso(), reports=reports,
+            surge=incidents.surge(meta.get("annotations")))
         if _status_without_times(new_status) != _status_without_times(
                 {k: old_status.get(k) for k in new_status}):
             self.kube.patch_vlmd_status(namespace, name, new_status)
         for event in status.get_events(old_status, new_status):
             self.kube.post_event(body, event)
+        retry = [exc for exc in failures if exc.status is None or exc.status >= 500
+                 or exc.status in (409, 429)]
+        if retry:  # status says what failed; the caller retries these
+            raise retry[0]
 
-    def _apply_children(self, body: dict, vlmd, drift: bool) -> None:
+    def _apply_children(self, body: dict, vlmd, drift: bool) -> list[ApiException]:
+        """Apply every child; one that fails (RBAC, admission, a bad field) does not stop the
+        others, and the failures are returned for status."""
         hpa_version = self.kube.hpa_api_version
         keda = self.kube.keda_served()
         if not drift:  # a new spec may no longer want an autoscaler an older one made
             self._delete_unwanted(body, vlmd, hpa_version, keda)
-        for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda):
-            before, after = self.kube.apply(child)
+        surge = incidents.surge(body["metadata"].get("annotations"))
+        failures = []
+        for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
+                                           surge):
+            try:
+                before, after = self.kube.apply(child)
+            except ApiException as exc:
+                exc.child = f"{child['kind']} {child['metadata']['name']}"
+                log.warning("%s/%s: applying %s failed: %s %s", vlmd.namespace, vlmd.name,
+                            exc.child, exc.status, exc.reason)
+                failures.append(exc)
+                continue
             if not _changed(before, after):
                 continue
             kind, child_name = child["kind"], child["metadata"]["name"]
@@ -132,6 +170,16 @@ class Reconciler:
             message = f"{verb} {kind} {child_name}"
             log.info("%s/%s: %s", vlmd.namespace, vlmd.name, message)
             self.kube.post_event(body, status.Event("Normal", reason, message))
+        return failures
+
+    def _put_back_stale_drains(self, body: dict, vlmd, pods: list[dict]) -> None:
+        """Pods the Builtin autoscaler took out of the Service when it is no longer on: nothing
+        else would ever finish those drains."""
+        for pod in autoscaling.stale_drains(pods, is_builtin(vlmd.spec)):
+            put_out_of_service(self.kube, vlmd.namespace, pod, None)
+            self.kube.post_event(body, status.Event(
+                "Normal", "DrainCancelled", f"put {pod} back into the Service: Builtin "
+                "autoscaling, which was draining it, is off"))
 
     def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
         """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
@@ -145,6 +193,15 @@ class Reconciler:
                                 uid=obj["metadata"]["uid"]):
                 self.kube.post_event(body, status.Event("Normal", "Deleted",
                                                         f"Deleted {kind} {child_name}"))
+
+
+def _failure_text(exc: ApiException) -> str:
+    """`Kind name: 403 Forbidden: <the apiserver's message>`."""
+    detail = ""
+    with contextlib.suppress(ValueError, AttributeError):
+        detail = json.loads(exc.body or "{}").get("message", "")
+    text = f"{getattr(exc, 'child', 'a child')}: {exc.status} {exc.reason}"
+    return f"{text}: {detail[:300]}" if detail else text
 
 
 def owner_name(obj: dict) -> str | None:

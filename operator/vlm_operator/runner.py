@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
+import socket
 
 import kopf
 from kubernetes import client, config
@@ -12,17 +14,35 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from vlm_operator.autoscaler import Autoscaler
-from vlm_operator.kube import Kube
+from vlm_operator.cluster_cache import ClusterCache
+from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
 from vlm_operator.logwatch import LogWatch
 from vlm_operator.peering import Peering, get_identity
 from vlm_operator.periodic import Periodic
+from vlm_operator.policy import Policy
 from vlm_operator.reconciler import Reconciler
+from vlm_operator.rounds import Rounds
+from vlm_operator.scrape import Scraper
+from vlm_operator.sharding import Shard, ordinal
+from vlm_operator.stall_watch import StallWatch
+from vlm_operator.watchdog import Watchdog
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
 CONNECTION_POOL_SIZE = 64
+KOPF_REQUEST_TIMEOUT_S = 30.0  # kopf's own requests (its default is 5 minutes)
 
 
-def _api_client() -> client.ApiClient:
+class RetryForever:
+    """kopf's backoffs between failed API requests, never running out: kopf's default list
+    (54 s in all) ends its watch streams with an error, which stops the whole operator after
+    an apiserver outage of about a minute. Iterable, not Sized: kopf then retries for as long
+    as it takes."""
+
+    def __iter__(self):
+        return itertools.chain((1, 1, 2, 3, 5, 8), itertools.repeat(10))
+
+
+def _api_client() -> ApiClient:
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
@@ -33,14 +53,19 @@ def _api_client() -> client.ApiClient:
     # One connection per busy thread (log followers, reconciles, autoscaler rounds): a smaller
     # pool drops connections and pays a TLS handshake for each new one.
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-    return client.ApiClient(configuration)
+    return ApiClient(configure_connections(configuration))  # deadlines and keepalive on every call
+
+
+def is_pattern(namespace: str) -> bool:
+    """A kopf namespace glob (or ! exclusion), not one exact namespace."""
+    return any(ch in namespace for ch in "*?[!")
 
 
 def ensure_peering(api: client.ApiClient, name: str, namespaces: list[str]) -> None:
     """kopf only coordinates replicas through a peering object that exists: create it."""
     custom = client.CustomObjectsApi(api)
     body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
-    exact = [ns for ns in namespaces if not any(ch in ns for ch in "*?[")]
+    exact = [ns for ns in namespaces if not is_pattern(ns)]
     if exact != namespaces:
         logging.getLogger(__name__).warning(
             "namespace patterns given: create the KopfPeering %r in the namespaces they match "
@@ -60,12 +85,27 @@ def ensure_peering(api: client.ApiClient, name: str, namespaces: list[str]) -> N
                 raise
 
 
+def get_shard(args: argparse.Namespace) -> Shard:
+    """--shards/--shard; 'auto' takes the StatefulSet ordinal of POD_NAME (else the host)."""
+    index = (ordinal(os.environ.get("POD_NAME") or socket.gethostname())
+             if args.shard == "auto" else int(args.shard))
+    if index is None or not 0 <= index < max(1, args.shards):
+        raise SystemExit(f"--shard {args.shard}: needs a shard in 0..{args.shards - 1} (auto: "
+                         "a pod name ending in -<ordinal>)")
+    return Shard(index, max(1, args.shards))
+
+
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
-    settings.peering.name = args.peering
+    settings.peering.name = get_shard(args).peering(args.peering)
     settings.peering.priority = args.priority
     settings.peering.mandatory = not args.standalone
     settings.peering.standalone = args.standalone
     settings.peering.clusterwide = not args.namespaces
+    # Exact namespaces need no discovery: kopf would list and watch Namespaces (a permission
+    # the cluster-wide install does not grant) and retry a refused list for about a minute
+    # before serving. CRDs are then those present at start (installed before the operator).
+    settings.scanning.disabled = bool(args.namespaces) and not any(
+        map(is_pattern, args.namespaces))
     # Our own Events say what happened; kopf's per-handler ones would only add noise.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "vlm-operator"
@@ -75,6 +115,12 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration")
     settings.watching.server_timeout = 300
+    # No call without a deadline, kopf's too; a watch that hears nothing, not even a bookmark,
+    # for watching.inactivity_timeout (70 s) is reopened by kopf itself.
+    settings.networking.request_timeout = KOPF_REQUEST_TIMEOUT_S
+    settings.networking.error_backoffs = RetryForever()
+    settings.networking.connect_timeout = CONNECT_TIMEOUT_S
+    settings.watching.connect_timeout = CONNECT_TIMEOUT_S
     settings.execution.max_workers = 16
 
 
@@ -86,39 +132,54 @@ def run(args: argparse.Namespace) -> int:
     from vlm_operator import handlers  # registers the handlers on import
 
     identity = get_identity()
+    shard = get_shard(args)
+    peering_name = shard.peering(args.peering)
 
     @kopf.on.startup()
     def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         configure(settings, args)
         api = _api_client()
         if not args.standalone:
-            ensure_peering(api, args.peering, args.namespaces)
-        memo.reconciler = Reconciler(Kube(api))
-        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.refresh)
+            ensure_peering(api, peering_name, args.namespaces)
+        memo.reconciler = Reconciler(Kube(api), Policy(
+            tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label))
+        watchdog = Watchdog()
+        # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
+        memo.cluster = ClusterCache(memo.reconciler.kube, args.namespaces, watchdog,
+                                    owns=shard.owns)
+        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.refresh,
+                                     cluster=memo.cluster)
         memo.reconciler.report_providers += [memo.autoscaler.reports,
-                                             memo.autoscaler.mode_reports]
+                                             memo.autoscaler.mode_reports, watchdog.reports]
         peering = None if args.standalone else Peering(
-            memo.reconciler.kube, args.peering, identity, args.priority,
+            memo.reconciler.kube, peering_name, identity, args.priority,
             namespaced=bool(args.namespaces))
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
             memo.reconciler.kube, memo.reconciler.refresh,
-            may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None)
+            may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
+            replica_fits=memo.autoscaler.replica_fits)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
+        memo.scraper = Scraper()
+        rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
+                        StallWatch(memo.logwatch.remediator), memo.autoscaler)
         memo.periodic = Periodic(
-            tick=memo.autoscaler.tick, forget=memo.autoscaler.forget,
+            tick=rounds.tick, forget=rounds.forget,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
-            may_act=peering.may_act if peering else None).start()
+            may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:
             start_http_server(args.metrics_port)
 
     @kopf.on.cleanup()
     def cleanup(memo: kopf.Memo, **_) -> None:
         memo.periodic.stop()
+        memo.logwatch.stop()
+        memo.scraper.stop()
+        memo.cluster.stop()
 
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(clusterwide=not args.namespaces, namespaces=args.namespaces,
-             standalone=args.standalone, peering_name=None if args.standalone else args.peering,
-             priority=args.priority, liveness_endpoint=liveness, memo=kopf.Memo(),
-             identity=identity)
+             standalone=args.standalone, peering_name=None if args.standalone else peering_name,
+             priority=args.priority, liveness_endpoint=liveness, identity=identity,
+             memo=kopf.Memo(shard=shard, seen={}))  # seen: handlers._news
     return 0

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import jsonschema
 
-from vlm_operator import crd, signatures, versions
+from vlm_operator import crd, policy, signatures, versions
 from vlm_operator.schema import apply_defaults
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
@@ -70,7 +71,9 @@ class VLMDeployment:
 
     @property
     def pool_size(self) -> int:
-        return self.spec["rendererNumWorkers"] + 1
+        """One tokenizer per thread that can use it, as the engine plugin sizes its pool: the
+        renderer workers and the event loop, and from vLLM 0.29 the multimodal thread."""
+        return self.spec["rendererNumWorkers"] + (2 if self.version[:2] >= (0, 29) else 1)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -254,14 +257,21 @@ def _cache_problems(spec: dict) -> list[str]:
 
 
 def _signature_problems(spec: dict) -> list[str]:
+    stalled = _section(_section(spec, "health"), "engineStalled")
+    stall, canary = stalled.get("stallSeconds"), stalled.get("canaryTimeoutSeconds")
+    problems = []
+    if isinstance(stall, int) and isinstance(canary, int) and canary >= stall:
+        problems.append(f"spec.health.engineStalled.canaryTimeoutSeconds: {canary} must be less "
+                        f"than stallSeconds ({stall}): the canary is sent that long before a "
+                        "stall is declared")
     extra = _section(spec, "health").get("extraSignatures")
     if not isinstance(extra, list) or not all(isinstance(d, dict) for d in extra):
-        return []  # shape errors: the schema check has named them
+        return problems  # shape errors: the schema check has named them
     try:
         signatures.compile_spec_signatures(extra)
     except signatures.SignatureConfigError as exc:
-        return [str(exc)]
-    return []
+        problems.append(str(exc))
+    return problems
 
 
 def _scaling_problems(spec: dict) -> list[str]:
@@ -284,7 +294,8 @@ def _warnings(spec: dict) -> list[str]:
     if isinstance(replicas, int) and isinstance(min_available, int) and min_available > replicas:
         warnings.append(
             f"spec.health.minAvailable: {min_available} is more than spec.replicas ({replicas}): "
-            "no pod can be evicted or remediated")
+            "no pod can be evicted, and remediation can only replace pods that still serve "
+            "(one extra GPU each), never remove them")
     cache_spec, scaling = _section(spec, "modelCache"), _section(spec, "autoscaling")
     high = scaling.get("maxReplicas") if scaling.get("enabled") else None
     most = max(replicas if isinstance(replicas, int) else 1,
@@ -296,8 +307,13 @@ def _warnings(spec: dict) -> list[str]:
     return warnings
 
 
-def validate(obj: Any) -> tuple[list[str], list[str]]:
-    """All problems and warnings of a VLMDeployment object, as `field: what is wrong` lines."""
+def validate(obj: Any, rules: policy.Policy | None = None,
+             secret_labels: Callable[[str], Mapping[str, str] | None] | None = None
+             ) -> tuple[list[str], list[str]]:
+    """All problems and warnings of a VLMDeployment object, as `field: what is wrong` lines.
+
+    With the operator's policy (`rules`), a spec that is otherwise valid is also checked
+    against it; `secret_labels(name)` reads a Secret's labels for its Secret rule."""
     if not isinstance(obj, dict):
         return [f"(root): a VLMDeployment must be a mapping, got {type(obj).__name__}"], []
     problems = _metadata_problems(obj) + _schema_problems(obj)
@@ -308,6 +324,8 @@ def validate(obj: Any) -> tuple[list[str], list[str]]:
     _, version_problems, warnings = resolve_version(spec)
     problems += version_problems + _engine_problems(spec) + _cache_problems(spec)
     problems += _scaling_problems(spec) + _signature_problems(spec)
+    if rules is not None and not problems:
+        problems = policy.problems(spec, rules, secret_labels or (lambda _: None))
     return list(dict.fromkeys(problems)), warnings + _warnings(spec)
 
 

@@ -59,10 +59,11 @@ def _waiting_reason(pod: dict) -> str | None:
 def get_status(*, name: str, generation: int | None, old: dict | None,
                vlmd: VLMDeployment | None, problems: list[str],
                deployment: dict | None, pods: list[dict], now: str,
-               reports: list[Report] = ()) -> dict:
+               reports: list[Report] = (), surge: int = 0) -> dict:
     """Status from the spec's validity, the Deployment's rollout and the pods' states.
 
     With an invalid spec the children are left as they are, so their readiness is still reported.
+    `surge`: Deployment replicas added while sick pods are replaced (incidents.surge).
     """
     old = old or {}
     conditions = list(old.get("conditions") or [])
@@ -102,8 +103,9 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     else:
         done = rollout_seen and ready >= desired and updated >= desired and \
             status["replicas"] == desired
-        text = f"{ready}/{desired} replicas ready"
-        ready_c = ("True", "AllReplicasReady", text) if ready >= desired else \
+        wanted = max(desired - surge, 0)  # a surge replacement adds no requirement
+        text = f"{ready}/{wanted} replicas ready"
+        ready_c = ("True", "AllReplicasReady", text) if ready >= wanted else \
             ("False", "ReplicasNotReady", text)
         if dep_progress.get("reason") == "ProgressDeadlineExceeded":
             progress_c = ("False", "ProgressDeadlineExceeded", dep_progress.get("message", ""))
@@ -114,7 +116,10 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     conditions = set_condition(conditions, "Ready", *ready_c, now, generation)
     conditions = set_condition(conditions, "Progressing", *progress_c, now, generation)
 
-    if crashing:
+    apply_failed = next((r for r in reports if r.reason == "ApplyFailed"), None)
+    if apply_failed:
+        degraded_c = ("True", apply_failed.reason, apply_failed.message)
+    elif crashing:
         degraded_c = ("True", "CrashLoopBackOff", "pods crash-looping: " + ", ".join(crashing))
     elif progress_c[1] == "ProgressDeadlineExceeded":
         degraded_c = ("True", "ProgressDeadlineExceeded", progress_c[2])
@@ -127,8 +132,24 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
         if report.type != "Degraded":
             conditions = set_condition(conditions, report.type, report.status, report.reason,
                                        report.message, now, generation)
+    if vlmd is not None:  # a feature turned off takes its condition with it
+        conditions = [c for c in conditions
+                      if FEATURE_CONDITIONS.get(c.get("type"), lambda spec: True)(vlmd.spec)]
     status["conditions"] = conditions
     return status
+
+
+def _scaling(spec: dict, mode: str) -> bool:
+    scaling = spec.get("autoscaling") or {}
+    return bool(scaling.get("enabled")) and scaling.get("mode", "Builtin") == mode
+
+
+# Conditions that only mean something while a feature is on (their providers go quiet when it
+# is turned off, so they are dropped here rather than left with an old observedGeneration).
+FEATURE_CONDITIONS = {
+    "ScalingLimited": lambda spec: _scaling(spec, "Builtin"),
+    "AutoscalerReady": lambda spec: _scaling(spec, "KEDA"),
+}
 
 
 # (condition type, status, reason or None for any) -> Event type, for transitions worth an Event.

@@ -540,8 +540,12 @@ class ControlPlane:
         run_dir: str | os.PathLike | None = None,
         start_timeout_s: float = 120.0,
         verbosity: int = 1,
+        audit_users: Sequence[str] = (),
     ) -> None:
+        """`audit_users`: requests of these users are written to the audit log
+        (log_path("audit")), one JSON line each at completion (metadata only)."""
         self.manifests = list(manifests)
+        self.audit_users = list(audit_users)
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else None
         self.start_timeout_s = start_timeout_s
@@ -553,6 +557,8 @@ class ControlPlane:
         self.ca: CertAuthority | None = None
         self.ports: dict[str, int] = {}
         self.start_seconds: float | None = None
+        self._apiserver_cmd: list[Any] = []
+        self._admin_ctx: ssl.SSLContext | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -572,6 +578,38 @@ class ControlPlane:
     def dead_components(self) -> dict[str, int]:
         """Components that exited, with their exit codes (empty while all run)."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+
+    # -- faults: the real apiserver stopped, restarted, frozen
+    @property
+    def apiserver_pid(self) -> int:
+        return self.procs["kube-apiserver"].pid
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after 10 s): connections are refused until
+        start_apiserver. etcd and the other components keep running."""
+        _kill_group(self.procs["kube-apiserver"])
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again, same port, certificates and etcd; returns once ready."""
+        self._spawn("kube-apiserver", self._apiserver_cmd)
+        self._wait("kube-apiserver", lambda: _https_ok(f"{self.server}/readyz", self._admin_ctx),
+                   self.start_timeout_s)
+
+    def freeze_apiserver(self) -> None:
+        """SIGSTOP: its connections stay open and nothing answers, as with a half-open
+        connection to an apiserver that vanished."""
+        os.killpg(self.apiserver_pid, signal.SIGSTOP)
+
+    def thaw_apiserver(self) -> None:
+        os.killpg(self.apiserver_pid, signal.SIGCONT)
+
+    def user_kubeconfig(self, user: str, groups: Sequence[str] = ("system:masters",)) -> Path:
+        """A kubeconfig of its own for `user` (e.g. so the audit log tells its requests
+        apart)."""
+        assert self.ca is not None and self.run_dir is not None and self.server
+        crt, key = self.ca.issue(f"user-{user}", user, orgs=groups)
+        return write_kubeconfig(self.run_dir / f"{user}.kubeconfig", self.server, self.ca.cert,
+                                crt, key, user)
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -685,20 +723,33 @@ class ControlPlane:
 
         self._wait("etcd", lambda: _http_ok(f"{etcd_url}/health"), 30)
         v = f"--v={self.verbosity}"
-        self._spawn("kube-apiserver", [
+        audit = []
+        if self.audit_users:
+            policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                      "omitStages": ["RequestReceived", "ResponseStarted"],
+                      "rules": [{"level": "Metadata", "users": self.audit_users},
+                                {"level": "None"}]}
+            (rd / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
+            audit = [f"--audit-policy-file={rd / 'audit-policy.yaml'}",
+                     f"--audit-log-path={self.log_path('audit')}", "--audit-log-maxbackup=1",
+                     "--audit-log-maxsize=1024"]
+        self._apiserver_cmd = [
             apiserver, v, f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", f"--secure-port={p['apiserver']}", "--insecure-port=0",
             f"--cert-dir={pki}", f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
             f"--client-ca-file={ca.cert}", "--authorization-mode=Node,RBAC",
+            # as on OpenShift: setting blockOwnerDeletion needs update on the owner's finalizers
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={self.SERVICE_CIDR}", "--allow-privileged=true",
             f"--kubelet-client-certificate={kl_crt}", f"--kubelet-client-key={kl_key}",
             "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
-            "--profiling=false",
-        ])
-        ctx = ssl.create_default_context(cafile=str(ca.cert))
+            "--profiling=false", *audit,
+        ]
+        self._spawn("kube-apiserver", self._apiserver_cmd)
+        ctx = self._admin_ctx = ssl.create_default_context(cafile=str(ca.cert))
         ctx.load_cert_chain(str(admin_crt), str(admin_key))
         self._wait("kube-apiserver", lambda: _https_ok(f"{self.server}/readyz", ctx),
                    self.start_timeout_s)

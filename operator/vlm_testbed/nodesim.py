@@ -13,6 +13,11 @@ Images containing `vllm` run `python -m vlm_testbed.vllmsim` with the container'
 `serve` (pass `command_for=` to run something else, e.g. a real `vllm serve`); other images run
 their command if it exists on this machine, else an idle process.
 
+Pods that need no process (annotation vlm-testbed/process=none, or all pods the `light`
+predicate picks): Running and Ready at once, status written once, vLLM's HTTP surface answered
+from one event loop (LightPod): for clusters of thousands of pods, where a process per pod would
+not fit (bench/scale.py).
+
 Pods get loopback IPs (127.x.y.z, one per pod): EndpointSlices accept them, but core/v1
 Endpoints validation rejects loopback addresses, so Services' Endpoints stay empty.
 
@@ -50,6 +55,8 @@ from typing import Any
 log = logging.getLogger("vlm_testbed.nodesim")
 
 SIM_LABEL = "vlm-testbed/simulated"
+NO_PROCESS = "vlm-testbed/process"  # pod annotation: "none" = a LightPod
+STATUS_EVERY = 3  # heartbeats per Node status write (the Lease is renewed every heartbeat)
 GPU = "nvidia.com/gpu"
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
@@ -205,6 +212,16 @@ def probe_port(container: dict, port: Any) -> int:
     raise ValueError(f"no container port named {port!r}")
 
 
+def overwritten(pod: dict, sent: dict | None) -> bool:
+    """Whether someone else changed the pod's conditions since the kubelet wrote them (the
+    node controller marks an unreachable node's pods NotReady; the kubelet writes them back)."""
+    if sent is None:
+        return False
+    def view(conditions):
+        return {c.get("type"): c.get("status") for c in conditions or []}
+    return view((pod.get("status") or {}).get("conditions")) != view(sent.get("conditions"))
+
+
 def terminated_state(t: Terminated) -> dict:
     return {"terminated": {"exitCode": t.exit_code, "reason": t.reason,
                            "startedAt": rfc3339(t.started_ns), "finishedAt": rfc3339(t.finished_ns),
@@ -254,6 +271,8 @@ class Instance:
     started_ns: int = 0
     proc: subprocess.Popen | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    appended: threading.Condition | None = None  # notified per write (LightContainer)
+    lines: int = 0  # lines written, where `appended` is set
 
 
 _prctl = getattr(ctypes.CDLL(None), "prctl", None)  # looked up before any fork
@@ -515,6 +534,7 @@ class PodRunner:
         self._conditions: dict[str, tuple[str, str]] = {}
         self.gone = threading.Event()
         self.terminating = False
+        self.sent: dict | None = None  # the status last written
         self.writer = threading.Thread(target=self._write_status, daemon=True,
                                        name=f"status {self.key}")
 
@@ -586,7 +606,6 @@ class PodRunner:
         """Coalesce changes into pods/status patches; retry API errors; stop when gone."""
         from kubernetes.client.exceptions import ApiException
 
-        last_sent: dict | None = None
         while not self.gone.is_set():
             self._changed.wait(5)
             self._changed.clear()
@@ -594,13 +613,13 @@ class PodRunner:
                 return
             status = self.status()
             comparable = status
-            if comparable == last_sent:
+            if comparable == self.sent:
                 continue
             try:
                 self.sim.core.patch_namespaced_pod_status(
                     self.meta["name"], self.meta["namespace"], {"status": status},
                     _content_type=SMP)
-                last_sent = comparable
+                self.sent = comparable
             except ApiException as exc:
                 if exc.status == 404:
                     self.gone.set()
@@ -613,6 +632,171 @@ class PodRunner:
                 time.sleep(1)
                 self.changed()
 
+
+# ----------------------------------------------------------------- pods that need no process
+
+class LightEngines:
+    """vLLM's HTTP surface for light pods, all on one asyncio loop (a thread of the simulator):
+    /health, /ping, /metrics (progress counters that move with each completion), /v1/models,
+    /v1/completions and /v1/chat/completions (answered at once), POST /sim/fault
+    {"fault": "engine_dead"} (vLLM's engine-death lines in the log, /health 503 after) and
+    POST /sim/log {"lines": [...]}. Thousands of pods cost one thread, not thousands of
+    processes."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self.servers: dict[str, Any] = {}
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="light-engines").start()
+
+    def add(self, container: LightContainer, ip: str, port: int) -> None:
+        import asyncio
+
+        async def start():
+            return await asyncio.start_server(
+                lambda r, w: self._serve(container, r, w), ip, port, backlog=64)
+
+        self.servers[ip] = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+
+    def remove(self, ip: str) -> None:
+        server = self.servers.pop(ip, None)
+        if server is not None:
+            self.loop.call_soon_threadsafe(server.close)
+
+    async def _serve(self, container: LightContainer, reader, writer) -> None:
+        try:
+            method, path, _ = (await reader.readline()).decode("latin-1").split(" ", 2)
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            body = await reader.readexactly(length) if length else b""
+            status, ctype, data = container.answer(method, path.split("?")[0], body)
+            writer.write(f"HTTP/1.1 {status} {'OK' if status < 400 else 'Error'}\r\n"
+                         f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+        except Exception:  # a client that went away
+            pass
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        for ip in list(self.servers):
+            self.remove(ip)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class LightContainer:
+    """One container of a light pod: always running, its log a file with (for vLLM) the
+    plugin's startup line, and for vLLM images an engine on LightEngines."""
+
+    def __init__(self, pod: LightPod, spec: dict) -> None:
+        from vlm_testbed import vllmsim
+
+        self.pod, self.spec, self.name = pod, spec, spec["name"]
+        directory = pod.sim.work_dir / "light" / pod.uid
+        directory.mkdir(parents=True, exist_ok=True)
+        self.instances = [Instance(0, directory / f"{self.name}.log",
+                                   f"sim://{uuid.uuid4().hex}", time.time_ns(),
+                                   appended=threading.Condition())]
+        self.vllm = "vllm" in spec.get("image", "")
+        self.dead = False
+        self.counters = dict.fromkeys(("vllm:request_success_total", "vllm:prompt_tokens_total",
+                                       "vllm:generation_tokens_total"), 0.0)
+        tokens = list(spec.get("command") or []) + list(spec.get("args") or [])
+        rest = tokens[tokens.index("serve") + 1:] if "serve" in tokens else []
+        self.model = vllmsim.parse_serve_args(rest).model_name if self.vllm else ""
+        self.version = "0.32.0"
+        env = resolve_env(pod.pod, spec, pod.ip, lambda kind, name, key: None)
+        lines = [vllmsim.plugin_line(self.version, proc, 1, env) for proc in
+                 ("APIServer", vllmsim.engine_proc_name(self.version))] if self.vllm else []
+        self.append([line for line in lines if line])
+
+    def append(self, lines: list[str]) -> None:
+        inst = self.instances[0]
+        with inst.appended, open(inst.log_path, "a", encoding="utf-8") as log:
+            for line in lines:
+                log.write(format_log_line(time.time_ns(), "stdout", line))
+            inst.lines += len(lines)
+            inst.appended.notify_all()
+
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        import json
+
+        from vlm_testbed import vllmsim
+
+        if method == "GET" and path in ("/health", "/ping"):
+            return (503 if self.dead else 200), "text/plain", b""
+        if method == "GET" and path == "/metrics":
+            gauges = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                    "vllm:kv_cache_usage_perc"), 0.0)
+            text = vllmsim.render_metrics(f'engine="0",model_name="{self.model}"', gauges,
+                                          dict(self.counters), {})
+            return 200, "text/plain; version=0.0.4", text.encode()
+        if method == "GET" and path == "/v1/models":
+            return 200, "application/json", json.dumps(
+                {"object": "list", "data": [{"id": self.model, "object": "model"}]}).encode()
+        request = json.loads(body or b"{}") if method == "POST" else {}
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            if self.dead:
+                return 500, "application/json", b'{"error": {"type": "EngineDeadError"}}'
+            self.counters["vllm:request_success_total"] += 1
+            self.counters["vllm:prompt_tokens_total"] += 1
+            self.counters["vllm:generation_tokens_total"] += int(request.get("max_tokens") or 1)
+            return 200, "application/json", json.dumps(
+                {"object": "text_completion", "model": self.model,
+                 "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
+        if method == "POST" and path == "/sim/fault" and request.get("fault") == "engine_dead":
+            self.dead = True
+            self.append(vllmsim.engine_dead_lines(self.version, 1))
+            return 200, "application/json", b'{"applied": "engine_dead"}'
+        if method == "POST" and path == "/sim/log":
+            self.append([str(line) for line in request.get("lines", [])])
+            return 200, "application/json", b"{}"
+        return 404, "application/json", b'{"detail": "Not Found"}'
+
+    def status(self) -> dict:
+        inst = self.instances[0]
+        return {"name": self.name, "image": self.spec.get("image", ""),
+                "imageID": f"sim://{self.spec.get('image', '')}", "ready": True,
+                "restartCount": 0, "started": True, "containerID": inst.container_id,
+                "state": {"running": {"startedAt": rfc3339(inst.started_ns)}}, "lastState": {}}
+
+
+class LightPod:
+    """A pod that needs no process (annotation vlm-testbed/process=none, or the simulator's
+    `light` predicate): Running and Ready at once, its status written once from a shared pool,
+    no probes, no restarts. The apiserver objects are what controllers see, so a cluster of
+    thousands of pods fits on one machine; vLLM containers answer from LightEngines."""
+
+    def __init__(self, sim: NodeSimulator, pod: dict, ip: str) -> None:
+        self.sim, self.pod, self.ip = sim, pod, ip
+        self.meta, self.spec, self.uid = pod["metadata"], pod["spec"], pod["metadata"]["uid"]
+        self.key = f"{self.meta['namespace']}/{self.meta['name']}"
+        self.main = [LightContainer(self, c) for c in self.spec.get("containers") or []]
+        self.engines = [c for c in self.main if c.vllm]
+        for container in self.engines[:1]:
+            port = next((p["containerPort"] for p in container.spec.get("ports") or []), 8000)
+            sim.light_engines().add(container, ip, int(port))
+
+    def container(self, name: str) -> LightContainer | None:
+        return next((c for c in self.main if c.name == name), None)
+
+    def status(self) -> dict:
+        now = rfc3339()
+        conditions = [{"type": t, "status": "True", "lastProbeTime": None,
+                       "lastTransitionTime": now}
+                      for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]
+        return {"phase": "Running", "hostIP": "127.0.0.1", "podIP": self.ip,
+                "podIPs": [{"ip": self.ip}], "startTime": now, "conditions": conditions,
+                "containerStatuses": [c.status() for c in self.main]}
+
+    def stop(self) -> None:
+        if self.engines:
+            self.sim.light_engines().remove(self.ip)
 
 # ----------------------------------------------------------------- kubelet log endpoint
 
@@ -716,7 +900,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
             if not write(render_log_lines(lines, since, tail, stamps)) or not follow:
                 return
             while True:
-                pos = f.tell()
+                pos, seen = f.tell(), inst.lines
                 line = f.readline()
                 if line.endswith(b"\n"):
                     text = line.decode("utf-8", "replace")
@@ -730,7 +914,11 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
                     write(render_log_lines([line.decode("utf-8", "replace")], since, None,
                                            stamps))
                     return
-                time.sleep(0.1)
+                if inst.appended is None:
+                    time.sleep(0.1)
+                else:  # woken by the next write, not by polling
+                    with inst.appended:
+                        inst.appended.wait_for(lambda seen=seen: inst.lines != seen, 5.0)
 
 
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
@@ -765,7 +953,8 @@ class NodeSimulator:
                  command_for: CommandFor | None = None, backoff_base: float = 10.0,
                  backoff_cap: float = 300.0, heartbeat_s: float = 10.0,
                  work_dir: str | os.PathLike | None = None, labels: dict[str, str] | None = None,
-                 ) -> None:
+                 light: Callable[[dict], bool] | None = None) -> None:
+        """`light(pod)`: run this pod as a LightPod (default: its NO_PROCESS annotation)."""
         from kubernetes import client, config
 
         self.api = api_client or config.new_client_from_config(config_file=str(kubeconfig))
@@ -781,6 +970,12 @@ class NodeSimulator:
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="vlm-nodesim-"))
         self.runners: dict[str, PodRunner] = {}
+        self.light: dict[str, LightPod] = {}
+        self.is_light = light or (lambda pod: (pod["metadata"].get("annotations") or {}).get(
+            NO_PROCESS) == "none")
+        self._light_engines: LightEngines | None = None
+        self._pool = None  # status writes and deletions of light pods
+        self._engines_lock = threading.Lock()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.log_server: LogServer | None = None
@@ -816,6 +1011,10 @@ class NodeSimulator:
             t.start()
         for t in threads:
             t.join()
+        if self._light_engines is not None:
+            self._light_engines.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         for name in self.node_names:
             with contextlib.suppress(Exception):
                 self.core.delete_node(name)
@@ -886,8 +1085,8 @@ class NodeSimulator:
         self._untaint(name)
         self._renew_lease(name)
 
-    def _untaint(self, name: str) -> None:
-        node = self.core.read_node(name)
+    def _untaint(self, name: str, node: Any = None) -> None:
+        node = node or self.core.read_node(name)
         taints = node.spec.taints or []
         keep = [self.api.sanitize_for_serialization(t) for t in taints
                 if t.key not in NOT_READY_TAINTS]
@@ -911,23 +1110,39 @@ class NodeSimulator:
                 "metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec})
 
     def _heartbeat(self) -> None:
+        """As the kubelet with node leases: the Lease renewed every heartbeat, the Node's
+        status written every STATUS_EVERY heartbeats or at once when someone else changed its
+        Ready condition; all nodes at once, so 50 nodes on a busy machine do not miss the node
+        controller's 40 s grace and flap NotReady (which marks every pod on them NotReady)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        beats = 0
+        with ThreadPoolExecutor(8, thread_name_prefix="heartbeat") as pool:
+            while not self.stopping.wait(self.heartbeat_s):
+                beats += 1
+                full = beats % STATUS_EVERY == 0
+                list(pool.map(self._beat, self.node_names, [full] * len(self.node_names)))
+
+    def _beat(self, name: str, full: bool) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        while not self.stopping.wait(self.heartbeat_s):
-            for name in self.node_names:
-                try:
-                    self._renew_lease(name)
-                    self.core.patch_node_status(name, {"status": self.node_status()},
-                                   _content_type=SMP)
-                    self._untaint(name)
-                except ApiException as exc:
-                    if exc.status == 404 and not self.stopping.is_set():
-                        with contextlib.suppress(Exception):
-                            self._register(name)
-                    else:
-                        log.warning("heartbeat %s: %s", name, exc.reason)
-                except Exception as exc:  # keep beating
-                    log.warning("heartbeat %s: %s", name, exc)
+        try:
+            self._renew_lease(name)
+            node = self.core.read_node(name)
+            ready = any(c.type == "Ready" and c.status == "True"
+                        for c in node.status.conditions or [])
+            if full or not ready:  # the node controller marked it: write ours back at once
+                self.core.patch_node_status(name, {"status": self.node_status()},
+                                            _content_type=SMP)
+            self._untaint(name, node)
+        except ApiException as exc:
+            if exc.status == 404 and not self.stopping.is_set():
+                with contextlib.suppress(Exception):
+                    self._register(name)
+            else:
+                log.warning("heartbeat %s: %s", name, exc.reason)
+        except Exception as exc:  # keep beating
+            log.warning("heartbeat %s: %s", name, exc)
 
     # -- pods
     def lookup(self, namespace: str) -> Callable[[str, str, str | None], Any]:
@@ -947,10 +1162,54 @@ class NodeSimulator:
 
         return read
 
-    def runner_by_name(self, namespace: str, name: str) -> PodRunner | None:
+    def runner_by_name(self, namespace: str, name: str) -> PodRunner | LightPod | None:
         with self.lock:
-            return next((r for r in self.runners.values()
+            return next((r for r in (*self.runners.values(), *self.light.values())
                          if r.meta["namespace"] == namespace and r.meta["name"] == name), None)
+
+    def light_engines(self) -> LightEngines:
+        with self._engines_lock:  # called under self.lock
+            if self._light_engines is None:
+                self._light_engines = LightEngines()
+            return self._light_engines
+
+    def _light(self, pod: dict, deleted: bool) -> None:
+        """A pod that needs no process: status once, and on deletion the object removed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        uid = pod["metadata"]["uid"]
+        with self.lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(4, thread_name_prefix="light")
+            light = self.light.get(uid)
+            if light is None and not deleted and not pod["metadata"].get("deletionTimestamp"):
+                light = self.light[uid] = LightPod(self, pod, next_pod_ip())
+                self._pool.submit(self._retry, lambda: self.core.patch_namespaced_pod_status(
+                    light.meta["name"], light.meta["namespace"], {"status": light.status()},
+                    _content_type=SMP), f"status of {light.key}", 10)
+                return
+            if light is not None and (deleted or pod["metadata"].get("deletionTimestamp")):
+                del self.light[uid]
+                light.stop()
+            elif light is not None and not deleted and overwritten(pod, light.status()):
+                self._pool.submit(self._retry, lambda: self.core.patch_namespaced_pod_status(
+                    light.meta["name"], light.meta["namespace"], {"status": light.status()},
+                    _content_type=SMP), f"status of {light.key}", 10)
+                return
+        if pod["metadata"].get("deletionTimestamp") and not deleted:
+            from kubernetes.client.exceptions import ApiException
+
+            def remove():
+                try:
+                    self.core.delete_namespaced_pod(
+                        pod["metadata"]["name"], pod["metadata"]["namespace"],
+                        grace_period_seconds=0,
+                        body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+                except ApiException as exc:
+                    if exc.status not in (404, 409):
+                        raise
+
+            self._pool.submit(self._retry, remove, f"delete pod {uid}", 10)
 
     def _watch(self, node: str) -> None:
         from kubernetes import watch
@@ -964,7 +1223,7 @@ class NodeSimulator:
                     present.add(pod.metadata.uid)
                     self._reconcile(self.api.sanitize_for_serialization(pod), deleted=False)
                 with self.lock:
-                    lost = [r for uid, r in self.runners.items()
+                    lost = [r for uid, r in (*self.runners.items(), *self.light.items())
                             if r.spec.get("nodeName") == node and uid not in present]
                 for r in lost:
                     self._reconcile(r.pod, deleted=True)
@@ -987,6 +1246,9 @@ class NodeSimulator:
 
     def _reconcile(self, pod: dict, deleted: bool) -> None:
         uid = pod["metadata"]["uid"]
+        if uid in self.light or (uid not in self.runners and self.is_light(pod)):
+            self._light(pod, deleted)
+            return
         with self.lock:
             runner = self.runners.get(uid)
             if runner is None and not deleted and not pod["metadata"].get("deletionTimestamp"):
@@ -995,6 +1257,9 @@ class NodeSimulator:
                 runner = self.runners[uid] = PodRunner(self, pod, next_pod_ip())
                 runner.start()
                 return
+        if runner and not deleted and overwritten(pod, runner.sent):
+            runner.sent = None  # as the kubelet's status manager: write ours back
+            runner.changed()
         if deleted and runner:
             runner.gone.set()
             threading.Thread(target=self._finish, args=(runner, 2.0, False), daemon=True).start()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-FAULTS = ("tokenizer_retry", "engine_dead", "hang", "load", "clear")
+FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics", "clear")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
@@ -281,6 +281,10 @@ class Simulator:
             "vllm:request_queue_time_seconds")}
         self.dead = False
         self.hung = threading.Event()
+        self.metrics_delay = 0.0  # seconds /metrics takes to answer (fault slow_metrics)
+        # fault stall: a frozen engine. /health, /v1/models and /metrics still answer (the API
+        # server lives); completions never finish; the metrics the engine publishes freeze.
+        self.frozen_metrics: str | None = None
         self.retry_gen = 0
         self.server: ThreadingHTTPServer | None = None
         self.stopping = threading.Event()
@@ -350,13 +354,16 @@ class Simulator:
         start = time.monotonic()
         with self.cond:
             self.waiting += 1
-            while self.running >= self.max_running:
+            while self.running >= self.max_running or self.frozen_metrics is not None:
                 self.cond.wait()
             self.waiting -= 1
             self.running += 1
         queued = time.monotonic() - start
         try:
             time.sleep(self.service_s + images * self.mm_s)
+            with self.cond:  # a stall caught mid-request: it never finishes while frozen
+                while self.frozen_metrics is not None:
+                    self.cond.wait()
         finally:
             with self.cond:
                 self.running -= 1
@@ -374,6 +381,8 @@ class Simulator:
 
     def metrics_text(self) -> str:
         with self.cond:
+            if self.frozen_metrics is not None:
+                return self.frozen_metrics
             running = self.running + self.extra["running"]
             waiting = self.waiting + self.extra["waiting"]
             kv = min(1.0, self.extra["kv_cache_usage"] + running / max(1, self.max_running) * 0.5)
@@ -401,6 +410,15 @@ class Simulator:
                                    float(spec.get("exit_delay", 5)))).start()
         elif kind == "hang":
             self.hung.set() if spec.get("on", True) else self.hung.clear()
+        elif kind == "stall":
+            if spec.get("on", True):
+                text = self.metrics_text()
+                with self.cond:
+                    self.frozen_metrics = text
+            else:
+                self._thaw()
+        elif kind == "slow_metrics":
+            self.metrics_delay = float(spec.get("seconds", 5.0))
         elif kind == "load":
             with self.cond:
                 for key in ("running", "waiting", "kv_cache_usage"):
@@ -414,9 +432,16 @@ class Simulator:
         else:
             self.retry_gen += 1
             self.hung.clear()
+            self.metrics_delay = 0.0
+            self._thaw()
             with self.cond:
                 self.extra = dict.fromkeys(self.extra, 0.0)
         return {"applied": kind}
+
+    def _thaw(self) -> None:
+        with self.cond:
+            self.frozen_metrics = None
+            self.cond.notify_all()
 
     def _retry_loop(self, gen: int, rate: float, count: int | None, attempt: int) -> None:
         emitted = 0
@@ -518,6 +543,7 @@ class Handler(BaseHTTPRequestHandler):
                  "owned_by": "vllm", "root": sim.args.model,
                  "max_model_len": sim.args.max_model_len or 4096}]})
         elif path == "/metrics":
+            time.sleep(sim.metrics_delay)  # an overloaded API server answers late
             self._send(200, sim.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._send(404, {"detail": "Not Found"})

@@ -150,3 +150,50 @@ def ns(api: Any, operator: Any) -> Iterator[str]:
     name = make_namespace(api, SESSION_NS_PREFIX)
     yield name
     client.CoreV1Api(api).delete_namespace(name)
+
+
+# -- a real Prometheus (shared by the e2e modules that read metrics through it)
+
+@dataclass
+class Monitoring:
+    """The session's Prometheus, configured from the chart rendered into `namespace` (release
+    `release`): `docs` are those rendered objects."""
+
+    prometheus: Any
+    docs: list[dict]
+    namespace: str
+    release: str = "vlm-operator"
+
+
+@pytest.fixture(scope="session")
+def monitoring(api: Any, operator: Any) -> Iterator[Monitoring]:
+    """One Prometheus for the session, scraping what the chart's ServiceMonitor and vLLM
+    PodMonitor select, with the scrape configuration the Prometheus Operator generates from
+    them, and evaluating the chart's PrometheusRule every second. The chart is rendered with the
+    session operator's ports, so its Deployment and Service, once applied with a node to run
+    them (test_observability_e2e), route Prometheus to the session operator; every managed vLLM
+    pod is a target as soon as it runs. Discovery is kubernetes_sd.py's (Debian's prometheus
+    has no Kubernetes discovery)."""
+    from kube_helpers import make_namespace
+    from kubernetes import client
+
+    from vlm_testbed import chart
+    from vlm_testbed.kubernetes_sd import KubernetesSD, with_http_sd
+    from vlm_testbed.prometheus import Prometheus, rule_groups, scrape_configs
+
+    namespace = make_namespace(api, "e2e-monitoring-")
+    values = {"metrics.port": operator.metrics_port, "livenessPort": operator.liveness_port,
+              "metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.interval": "1s",
+              "metrics.vllmPodMonitor.enabled": "true", "metrics.vllmPodMonitor.interval": "1s",
+              "metrics.prometheusRule.enabled": "true",
+              "metrics.prometheusRule.remediationStormPerHour": 1,
+              "metrics.grafanaDashboard.enabled": "true", "peering.standalone": "true"}
+    docs = chart.template("--set", ",".join(f"{k}={v}" for k, v in values.items()),
+                          release=Monitoring.release, namespace=namespace)
+    try:
+        with KubernetesSD(api) as sd, Prometheus(with_http_sd(scrape_configs(docs), sd.url),
+                                                 rule_groups(docs)) as prometheus:
+            yield Monitoring(prometheus, docs, namespace)
+    finally:
+        client.CoreV1Api(api).delete_namespace(namespace)
+

@@ -9,6 +9,7 @@ import uuid
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from vlm_operator import builders, crd
 from vlm_testbed.controlplane import ready_namespace
@@ -125,10 +126,7 @@ def sim_post(ip, path, body):
 
 
 def metric(text, name, **labels):
-    """Sum of a Prometheus metric's samples with these labels, from /metrics text."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + ("{" + want + "}" if want else " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """Sum of a Prometheus metric's samples whose labels include these, from /metrics text."""
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())

@@ -80,15 +80,24 @@ def _title(pid: int) -> str:
         return ""
 
 
+def _descendants(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.append(current)
+            todo += _children(current)
+    return seen
+
+
 def engine_core_pid(root_pid: int) -> int | None:
     """The descendant of root_pid whose process title names the EngineCore (vLLM sets it)."""
-    todo, seen = [root_pid], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        if pid != root_pid and "EngineCore" in _title(pid):
-            return pid
-        todo += _children(pid)
-    return None
+    return next((pid for pid in _descendants(root_pid)
+                 if pid != root_pid and "EngineCore" in _title(pid)), None)
+
+
+def engine_pids(root_pid: int) -> list[int]:
+    """The EngineCore process and everything under it (its workers): what a wedged GPU or a
+    deadlocked worker freezes, while the API server (root_pid) keeps answering."""
+    core = engine_core_pid(root_pid)
+    return _descendants(core) if core else []

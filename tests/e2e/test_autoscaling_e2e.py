@@ -18,6 +18,7 @@ from kube_helpers import (
     create,
     events,
     get_cr,
+    metric,
     patch_cr,
     ready_pods,
     sim_post,
@@ -40,7 +41,7 @@ def scaling(**kw):
     return {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "target": 5, **kw}
 
 
-def test_load_scales_up_then_down_after_the_delay(api, ns, cluster):
+def test_load_scales_up_then_down_after_the_delay(api, ns, cluster, operator):
     with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
                        name_prefix=f"sim-{ns}"):
         create(api, ns, cr("as-a", autoscaling=scaling(scaleDownDelaySeconds=5)))
@@ -60,8 +61,13 @@ def test_load_scales_up_then_down_after_the_delay(api, ns, cluster):
                         timeout=90)
         assert [p.metadata.name for p in left] == [first.metadata.name]
         assert left[0].metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+        # status.autoscaling is the last decision: ScaleDown while draining, WithinTarget from
+        # the round after the replicas dropped; the operator counted the ScaleDown decisions
         status = get_cr(api, ns, "as-a")["status"]["autoscaling"]
-        assert status["reason"].startswith("ScaleDown") and status["desiredReplicas"] == 1
+        assert status["desiredReplicas"] == 1
+        assert status["reason"].startswith(("ScaleDown", "WithinTarget")), status
+        assert metric(operator.metrics(), "vlm_operator_autoscaler_decisions_total",
+                      vlmdeployment_namespace=ns, vlmdeployment="as-a", reason="ScaleDown") >= 1
 
 
 def gpu_blocker(api, ns):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from kube_helpers import (
+    condition,
     cr,
     create,
     events,
@@ -73,3 +74,31 @@ def test_signature_added_later_applies_to_followed_pods(api, ns, sim, operator):
     time.sleep(3)  # the operator takes the new spec
     sim_post(a.status.pod_ip, "/sim/log", {"lines": [line]})
     wait_for("restarted on the new signature", lambda: pod_gone(api, ns, a), timeout=30)
+
+
+def test_backtracking_pattern_neither_stalls_the_operator_nor_passes_bad_syntax(
+        api, ns, sim, operator):
+    """`abc(?:x|x)+y` took Python's re hours on one 8 KiB line while holding the GIL; on RE2 the
+    same pattern and line cost microseconds, so the operator still acts on the next line. A
+    pattern RE2 refuses is reported on the object, naming the field."""
+    create(api, ns, cr("regex", replicas=2, health=health(
+        [{"name": "pathological", "regex": "abc(?:x|x)+y", "levels": ["ERROR"]}])))
+    pod, _ = wait_ready_pods(api, ns, "regex", 2)
+    sim_post(pod.status.pod_ip, "/sim/log", {"lines": [
+        vllm_line("ERROR", "worker.py", "abc" + "x" * 8192),  # no match, adversarially
+        vllm_line("ERROR", "worker.py", "abcxxxy"),
+    ]})
+    wait_for("restarted on the line after the adversarial one", lambda: pod_gone(api, ns, pod),
+             timeout=30)
+    last = wait_for("lastRemediation", lambda: get_cr(api, ns, "regex").get("status", {}).get(
+        "lastRemediation"))
+    assert last["signature"] == "pathological"
+
+    create(api, ns, cr("lookahead", health=health(
+        [{"name": "oom", "regex": "CUDA(?= out of memory)", "levels": ["ERROR"]}])))
+    spec_valid = wait_for("SpecValid", lambda: condition(get_cr(api, ns, "lookahead"),
+                                                         "SpecValid"))
+    assert spec_valid["status"] == "False"
+    assert spec_valid["message"].startswith(
+        "spec.health.extraSignatures[0].regex: invalid regular expression for RE2 (invalid "
+        "perl operator: (?=)")

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 import yaml
-from kube_helpers import condition, get_cr, make_namespace, wait_for
+from kube_helpers import condition, cr, create, events, get_cr, make_namespace, patch_cr, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -103,7 +103,7 @@ def assert_reconciled(api, namespace: str, name: str) -> dict:
         namespace, label_selector=f"app.kubernetes.io/instance={name}").items)
     obj = wait_for("status", lambda: (o := get_cr(api, namespace, name)).get("status", {}).get(
         "observedGeneration") == o["metadata"]["generation"] and o)
-    assert obj["status"]["tokenizerPoolSize"] == 5  # rendererNumWorkers 4 + 1
+    assert obj["status"]["tokenizerPoolSize"] == 6  # 4 workers + the loop + the mm thread
     assert condition(obj, "SpecValid")["status"] == "True"
     wait_for("Created events", lambda: core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name},reason=Created").items)
@@ -187,6 +187,14 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
         (peering,) = client.CustomObjectsApi(api).list_namespaced_custom_object(
             "kopf.dev", "v1", watched, "kopfpeerings")["items"]
         assert peering["metadata"]["name"] == "vlm-operator"
+        # watchNamespaces: Roles and RoleBindings there only; the ClusterRole reads only.
+        rbac = client.RbacAuthorizationV1Api(api)
+        mine = f"app.kubernetes.io/instance={release}"
+        for listing in (rbac.list_role_for_all_namespaces,
+                        rbac.list_role_binding_for_all_namespaces):
+            assert [o.metadata.namespace for o in listing(label_selector=mine).items] == [watched]
+        (cluster_role,) = rbac.list_cluster_role(label_selector=mine).items
+        assert {v for rule in cluster_role.rules for v in rule.verbs} <= {"get", "list", "watch"}
 
         who = f"system:serviceaccount:{system}:{sa}"
         assert_matrix(cluster, who, allowed=[
@@ -194,6 +202,7 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("patch", "vlmdeployments.serving.vlm-operator.dev", watched),
             ("patch", "vlmdeployments.serving.vlm-operator.dev/status", watched),
             ("patch", "vlmdeployments.serving.vlm-operator.dev/scale", watched),
+            ("update", "vlmdeployments.serving.vlm-operator.dev/finalizers", watched),
             ("create", "deployments.apps", watched),
             ("patch", "deployments.apps", watched),
             ("create", "services", watched),
@@ -216,6 +225,7 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("patch", "pods", other),
             ("watch", "pods", other),
             ("get", "vlmdeployments.serving.vlm-operator.dev/status", other),
+            ("update", "vlmdeployments.serving.vlm-operator.dev/finalizers", other),
             ("get", "secrets", watched),
             ("get", "secrets", system),
             ("list", "secrets", None),
@@ -241,6 +251,10 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
                 log_on_failure(proc):
             name = create_example(api, watched)["metadata"]["name"]
             assert_reconciled(api, watched, name)
+            # The test bed enforces owner-reference permissions (as OpenShift does).
+            dep = client.AppsV1Api(api).read_namespaced_deployment(name, watched)
+            assert [(r.kind, r.block_owner_deletion) for r in dep.metadata.owner_references] \
+                == [(crd.KIND, True)]
             assert 'vlm_operator_reconciles_total{result="ok"}' in proc.metrics()
             # Its own token cannot read Secrets, even where it works.
             with client.ApiClient(_config_for(kubeconfig)) as as_sa:
@@ -250,6 +264,7 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             delete_example(api, watched, name)
             log = proc.log()
         assert forbidden_lines(log) == [], log[-3000:]
+        assert_block_owner_deletion_needs_the_finalizers_rule(api, kubeconfig, watched, sa)
 
         run(helm, "uninstall", release, "-n", system, *kc)
         wait_for("nothing left but the CRDs",
@@ -262,6 +277,108 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
     finally:
         run(helm, "uninstall", release, "-n", system, *kc, check=False)
         for ns in (system, watched, other):
+            core.delete_namespace(ns)
+
+
+def assert_block_owner_deletion_needs_the_finalizers_rule(api, kubeconfig, namespace, role):
+    """Without `update` on vlmdeployments/finalizers the apiserver refuses every child the
+    operator applies (OwnerReferencesPermissionEnforcement), and only because of it."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    rules = rbac.read_namespaced_role(role, namespace).rules
+    kept = [r for r in rules if "vlmdeployments/finalizers" not in r.resources]
+    assert len(kept) == len(rules) - 1
+    rbac.patch_namespaced_role(role, namespace, {"rules": [
+        api.sanitize_for_serialization(r) for r in kept]})
+    owner = create_example(api, namespace)["metadata"]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "owned", "namespace": namespace, "ownerReferences": [{
+            "apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": owner["name"],
+            "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"ports": [{"port": 80, "protocol": "TCP"}]}}
+    with client.ApiClient(_config_for(kubeconfig)) as as_sa:
+        refused = wait_for("RBAC change seen", lambda: _apply_error(as_sa, service))
+        assert refused.status == 403, refused.body
+        assert "cannot set blockOwnerDeletion" in refused.body
+        service["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = False
+        assert _apply_error(as_sa, service) is None
+    delete_example(api, namespace, owner["name"])
+
+
+def _apply_error(api, obj) -> ApiException | None:
+    try:
+        Kube(api).apply(obj)
+    except ApiException as exc:
+        return exc
+    return None
+
+
+REFERABLE = "vlm-operator.dev/referable"
+
+
+def test_chart_policy_is_enforced_by_the_operator(cluster, api, helm, tmp_path):
+    """The chart's policy values, run by the operator under the chart's RBAC: a spec breaking a
+    rule gets SpecValid=False naming the field and the rule, and no children; a Secret becomes
+    usable once labelled for it."""
+    release = f"pol-{uuid.uuid4().hex[:6]}"
+    system, watched = make_namespace(api, PREFIX), make_namespace(api, PREFIX)
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    kc = ["--kubeconfig", cluster.kubeconfig]
+    try:
+        run(helm, "install", release, CHART, "-n", system, *kc, "--set",
+            f"watchNamespaces={{{watched}}},replicaCount=0,peering.standalone=true,"
+            "policy.allowedImagePrefixes={vllm/vllm-openai},"
+            "policy.allowedPriorityClasses={gpu-online},"
+            f"policy.secretLabel={REFERABLE}=true")
+        sa = f"{release}-vlm-operator"
+        args = client.AppsV1Api(api).read_namespaced_deployment(sa, system).spec.template.spec \
+            .containers[0].args
+        policy_args = [a for a in args if a.startswith(("--allowed-", "--secret-label"))]
+        assert len(policy_args) == 3
+        for name, labels in (("hf-labelled", {REFERABLE: "true"}), ("hf-plain", {})):
+            core.create_namespaced_secret(watched, {"metadata": {"name": name, "labels": labels},
+                                                    "stringData": {"token": "t"}})
+        kubeconfig = sa_kubeconfig(api, cluster.kubeconfig, system, sa, tmp_path / "sa.kubecfg")
+        with OperatorProcess(kubeconfig, "-n", watched, "--standalone", *policy_args) as proc, \
+                log_on_failure(proc):
+            create(api, watched, cr("ok", hfTokenSecretRef={"name": "hf-labelled"}))
+            create(api, watched, cr("bad-image", image="evil.example/vllm:v0.20.2"))
+            create(api, watched, cr("bad-pc", scheduling={
+                "priorityClassName": "system-node-critical"}))
+            create(api, watched, cr("bad-secret", vllm={"env": [{"name": "HF_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "hf-plain", "key": "token"}}}]}))
+            wait_for("ok rolled out", lambda: apps.read_namespaced_deployment("ok", watched))
+            # status is written after the children: wait for it rather than race it
+            valid = wait_for("ok's SpecValid", lambda: condition(get_cr(api, watched, "ok"),
+                                                                  "SpecValid"))
+            assert valid["status"] == "True"
+            expected = {
+                "bad-image": "spec.image: 'evil.example/vllm:v0.20.2' is not allowed by the "
+                             "operator's policy: images must start with one of "
+                             "'vllm/vllm-openai'",
+                "bad-pc": "spec.scheduling.priorityClassName: 'system-node-critical' is not "
+                          "allowed by the operator's policy: allowed PriorityClasses are "
+                          "'gpu-online'",
+                "bad-secret": "spec.vllm.env[0].valueFrom.secretKeyRef.name: Secret 'hf-plain' "
+                              f"is not labelled {REFERABLE}=true; the operator's policy only "
+                              "lets a VLMDeployment use Secrets labelled for it",
+            }
+            for name, message in expected.items():
+                cond = wait_for(f"{name} refused", lambda name=name: condition(
+                    get_cr(api, watched, name), "SpecValid"))
+                assert (cond["status"], cond["message"]) == ("False", message)
+                assert [e.type for e in events(api, watched, name, "InvalidSpec")] == ["Warning"]
+            assert [d.metadata.name for d in apps.list_namespaced_deployment(watched).items] \
+                == ["ok"]
+            core.patch_namespaced_secret("hf-plain", watched,
+                                         {"metadata": {"labels": {REFERABLE: "true"}}})
+            patch_cr(api, watched, "bad-secret", {"replicas": 0})  # any change re-checks
+            wait_for("labelled Secret accepted",
+                     lambda: apps.read_namespaced_deployment("bad-secret", watched))
+            log = proc.log()
+        assert forbidden_lines(log) == [], log[-3000:]
+    finally:
+        run(helm, "uninstall", release, "-n", system, *kc, check=False)
+        for ns in (system, watched):
             core.delete_namespace(ns)
 
 

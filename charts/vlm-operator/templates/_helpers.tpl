@@ -40,6 +40,9 @@ What the operator does inside a watched namespace, read off the code:
 - vlmdeployments: kopf lists/watches them and patches finalizers and its progress annotations
   (log watching keeps its restart budget in an annotation too); kube.py reads them, patches
   /status, and the Builtin autoscaler writes replicas through /scale (patch).
+- vlmdeployments/finalizers (update): children carry an ownerReference with
+  blockOwnerDeletion: true, which the OwnerReferencesPermissionEnforcement admission plugin
+  (OpenShift's default) only lets a client set that may update the owner's finalizers.
 - deployments, services, poddisruptionbudgets, persistentvolumeclaims: kopf watches the managed
   ones; kube.py reads them and server-side applies them (patch; create when missing). Deletion
   is left to the garbage collector through ownerReferences.
@@ -50,6 +53,8 @@ What the operator does inside a watched namespace, read off the code:
   not want (a 404 when there is none), so delete is always granted; the rest only with
   rbac.hpa / rbac.keda.
 - kopfpeerings: kopf's peering heartbeats (patch) and runner.py creates the object.
+- secrets (get), only with policy.secretLabel: the operator reads the labels of the Secrets a
+  VLMDeployment references (metadata only, never the data).
 */}}
 {{- define "vlm-operator.namespacedRules" -}}
 - apiGroups: ["serving.vlm-operator.dev"]
@@ -58,6 +63,9 @@ What the operator does inside a watched namespace, read off the code:
 - apiGroups: ["serving.vlm-operator.dev"]
   resources: ["vlmdeployments/status", "vlmdeployments/scale"]
   verbs: ["get", "patch"]
+- apiGroups: ["serving.vlm-operator.dev"]
+  resources: ["vlmdeployments/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -76,6 +84,11 @@ What the operator does inside a watched namespace, read off the code:
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.policy.secretLabel }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "delete"{{ if .Values.rbac.hpa }}, "create", "patch"{{ end }}]
@@ -124,3 +137,13 @@ Cluster-scoped reads, needed in every mode:
   verbs: ["get", "list", "watch", "patch", "create"]
 {{- end }}
 {{- end -}}
+
+{{/*
+"vlm-operator.eventsIn": how many times a counter went up in the last `w`. The operator creates a
+labelled counter at its first increment, so a new series starts at 1 and increase() alone never
+counts that first event (a restart budget spent once would never alert): a series younger than
+`w` counts with its whole value, an older one with its increase.
+*/}}
+{{- define "vlm-operator.eventsIn" -}}
+(({{ .s }} unless {{ .s }} offset {{ .w }}) or increase({{ .s }}[{{ .w }}]))
+{{- end }}

@@ -1,0 +1,87 @@
+"""autoscaler.Autoscaler, the acting side, on a recording stand-in for Kube: a view of the
+VLMDeployment older than the autoscaler's own last write is read afresh instead of acted on
+again, and a running pod that is not Ready is never taken for an idle, loading one."""
+
+from vlm_operator import autoscaling as a
+from vlm_operator.autoscaler import Autoscaler, _pod_state
+from vlm_operator.scrape import Scrape
+
+
+class Kube:
+    def __init__(self, body):
+        self.body, self.calls = body, []
+
+    def get_vlmd(self, namespace, name):
+        self.calls.append(("get",))
+        return self.body
+
+    def scale_vlmd(self, namespace, name, replicas):
+        self.calls.append(("scale", replicas))
+
+    def delete(self, api_version, kind, namespace, name, uid=None):
+        self.calls.append(("delete", name))
+
+    def patch_pod(self, namespace, name, labels=None, annotations=None):
+        self.calls.append(("mark", name))
+
+    def patch_vlmd_status(self, namespace, name, status):
+        pass
+
+    def post_event(self, involved, event):
+        pass
+
+
+class Cluster:
+    def start_budget(self):
+        pass
+
+
+def vlmd(replicas, rv):
+    return {"apiVersion": "serving.vlm-operator.dev/v1alpha1", "kind": "VLMDeployment",
+            "metadata": {"namespace": "ns", "name": "m", "resourceVersion": rv},
+            "spec": {"model": "m", "image": "vllm/vllm-openai:v0.20.2", "replicas": replicas,
+                     "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                                     "scaleDownDelaySeconds": 0}}}
+
+
+def pod(name, ready=True, started=True, draining_since=None):
+    meta = {"name": name, "uid": f"uid-{name}", "labels": {}, "annotations": {},
+            "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if draining_since is not None:
+        meta["labels"]["serving.vlm-operator.dev/in-service"] = "false"
+        meta["annotations"][a.DRAIN_SINCE] = f"{draining_since:.3f}"
+    return {"metadata": meta, "spec": {"nodeName": "n"}, "status": {
+        "podIP": "127.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "vllm", "started": started,
+                               "state": {"running": {}} if started else {"waiting": {}}}]}}
+
+
+IDLE = Scrape(values={"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0})
+
+
+def test_a_stale_view_is_read_afresh_not_acted_on_again():
+    stale = vlmd(2, "10")
+    kube = Kube(stale)
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    pods = [pod("a"), pod("b", draining_since=990.0)]  # b drained: it goes, replicas 2 -> 1
+    scaler.tick(stale, pods, {"a": IDLE, "b": IDLE})
+    assert kube.calls == [("delete", "b"), ("scale", 1)]
+    # kopf has not delivered the new replica count: the same view comes back with a fresh
+    # replacement pod the ReplicaSet made meanwhile; acting on it would drain and delete again
+    kube.calls.clear()
+    kube.body = vlmd(1, "11")
+    scaler.tick(stale, [pod("a"), pod("c", ready=False, started=False)], {"a": IDLE})
+    assert ("get",) in kube.calls
+    assert not [c for c in kube.calls if c[0] in ("delete", "scale", "mark")], kube.calls
+
+
+def test_a_running_pod_that_is_not_ready_is_read_not_loading():
+    assert _pod_state(pod("loading", ready=False, started=False)) == a.LOADING
+    assert _pod_state(pod("unready", ready=False, started=True)) == a.READY
+    # so an unreadable one is UNKNOWN, never drained at once or picked to go
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler.tick(kube.body, [pod("a"), pod("busy", ready=False, draining_since=900.0)],
+                {"a": IDLE, "busy": Scrape(error="timeout")})
+    assert ("delete", "busy") not in kube.calls

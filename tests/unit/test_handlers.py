@@ -1,0 +1,19 @@
+"""handlers._news: kopf re-lists on every reconnect and hands each object over again; only an
+object at a resourceVersion not seen yet (or gone) is news worth a reconcile."""
+
+from vlm_operator.handlers import _news
+
+
+def event(kind, uid="u1", rv="5"):
+    return {"type": kind, "object": {"metadata": {"uid": uid, "resourceVersion": rv}}}
+
+
+def test_a_relisted_object_at_the_same_version_is_no_news():
+    seen = {}
+    assert _news(seen, event(None))  # first sight (kopf's listing at start)
+    assert not _news(seen, event(None))  # re-listed after a reconnect: nothing changed
+    assert not _news(seen, event("MODIFIED"))  # the watch's copy of the same version
+    assert _news(seen, event("MODIFIED", rv="6"))
+    assert _news(seen, event(None, rv="9"))  # changed while the watch was down
+    assert _news(seen, event("DELETED", rv="9")) and seen == {}
+    assert _news(seen, {"type": None, "object": {}})  # unreadable: reconcile to be safe
