@@ -156,13 +156,18 @@ def service_monitor_jobs(monitor: dict, role: str = ENDPOINTSLICE) -> list[dict]
         rules += _label_copies(spec.get("podTargetLabels") or [], "__meta_kubernetes_pod_label")
         rules.append({"source_labels": ["__meta_kubernetes_service_name"],
                       "target_label": "job", "replacement": "${1}"})
-        if spec.get("jobLabel"):
-            rules.append({"source_labels": [
-                f"__meta_kubernetes_service_label_{_sanitize(spec['jobLabel'])}"],
-                "target_label": "job", "regex": "(.+)", "replacement": "${1}"})
+        rules += _job_label(spec, "__meta_kubernetes_service_label")
         rules.append({"target_label": "endpoint", "replacement": ep["port"]})
         jobs.append(_tail(job, ep, rules))
     return jobs
+
+
+def _job_label(spec: dict, meta_prefix: str) -> list[dict]:
+    """`jobLabel`: the job label taken from the named label of the service or pod, if set."""
+    if not spec.get("jobLabel"):
+        return []
+    return [{"source_labels": [f"{meta_prefix}_{_sanitize(spec['jobLabel'])}"],
+             "target_label": "job", "regex": "(.+)", "replacement": "${1}"}]
 
 
 def pod_monitor_jobs(monitor: dict) -> list[dict]:
@@ -194,10 +199,7 @@ def pod_monitor_jobs(monitor: dict) -> list[dict]:
         rules += _label_copies(spec.get("podTargetLabels") or [], "__meta_kubernetes_pod_label")
         rules.append({"target_label": "job",
                       "replacement": f"{meta['namespace']}/{meta['name']}"})
-        if spec.get("jobLabel"):
-            rules.append({"source_labels": [
-                f"__meta_kubernetes_pod_label_{_sanitize(spec['jobLabel'])}"],
-                "target_label": "job", "regex": "(.+)", "replacement": "${1}"})
+        rules += _job_label(spec, "__meta_kubernetes_pod_label")
         rules.append({"target_label": "endpoint", "replacement": ep["port"]})
         jobs.append(_tail(job, ep, rules))
     return jobs

@@ -4,10 +4,10 @@ for what it holds raises Stale."""
 
 import json
 import threading
-import time
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from waiting import wait_until
 
 from vlm_operator import cluster_cache
 from vlm_operator.cluster_cache import ClusterCache, Informer, Stale
@@ -58,14 +58,6 @@ class Kube:
         return Stream(step)
 
 
-def until(fn, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.01)
-    raise AssertionError("not reached")
-
 
 def keep(o):
     return None if o["metadata"]["labels"].get("skip") else o["metadata"]["name"]
@@ -84,7 +76,7 @@ def test_list_then_watch_events_in_order_and_410_relists():
          {"type": "ERROR", "object": {"code": 410, "message": "too old"}}]])
     informer = Informer(kube, "test", "/api/v1/pods", keep).start()
     try:
-        until(kube.done.is_set)
+        wait_until(kube.done.is_set)
         assert informer.values() == ["z"]  # the 410 relisted everything
         assert kube.lists == 3  # two pages, then the relist
         watch = kube.queries[2]
@@ -100,7 +92,7 @@ def test_watch_events_change_what_is_held():
                           {"type": "DELETED", "object": obj("a", "3")}]])
     informer = Informer(kube, "test", "/api/v1/pods", keep).start()
     try:
-        until(kube.done.is_set)
+        wait_until(kube.done.is_set)
         assert sorted(informer.values()) == ["b", "c"]
         assert kube.queries[-1]["resourceVersion"] == "3"  # resumed after the last event
     finally:
@@ -113,7 +105,7 @@ def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
     kube = Kube([page], [ApiException(status=403, reason="Forbidden")])
     informer = Informer(kube, "test", "/api/v1/pods", keep).start()
     try:
-        until(lambda: kube.lists >= 3)  # listing again and again, no more watches
+        wait_until(lambda: kube.lists >= 3)  # listing again and again, no more watches
         assert informer.values() == ["a"]
         assert "watch not permitted" in caplog.text
     finally:

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 from vlm_operator.periodic import Periodic
 
@@ -34,14 +35,6 @@ class Calls:
     def forget(self, ns, name):
         self.forgotten.append(name)
 
-
-def wait_until(fn, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture

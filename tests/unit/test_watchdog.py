@@ -2,9 +2,9 @@
 FACTOR times its period is reported (log, gauges, OperatorStalled), and so is its recovery."""
 
 import threading
-import time
 
 from prometheus_client import REGISTRY
+from waiting import wait_until
 
 from vlm_operator.periodic import Periodic
 from vlm_operator.watchdog import Watchdog, overdue, round_loop
@@ -70,14 +70,6 @@ def test_stall_and_recovery_reported_once_each(caplog):
 def body(name, ns="team"):
     return {"metadata": {"namespace": ns, "name": name}, "spec": {"model": "m"}}
 
-
-def wait_until(fn, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def test_a_stuck_round_is_reported_and_its_vlmdeployment_reconciled():
