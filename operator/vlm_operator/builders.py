@@ -16,6 +16,9 @@ PORT = 8000
 CONTAINER = "vllm"
 MANAGER = "vlm-operator"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Deployment: extra replicas it runs while replacements for sick pods come up, so a change of
+# replicas can be told apart from drift (reconciler.py)
+SURGE_ANNOTATION = "serving.vlm-operator.dev/surge"
 # Pods whose label is "false" are out of the Service (draining) but still owned by the Deployment.
 IN_SERVICE_LABEL = f"{crd.GROUP}/in-service"
 RUN_AS_USER = 10001  # the uid of images/vllm (any non-root uid works: HOME is a volume)
@@ -218,12 +221,16 @@ def get_deployment(vlmd: VLMDeployment, surge: int = 0) -> dict:
     """`surge`: extra replicas while log watching brings up replacements for sick pods that
     still serve (remediator.py); they go once the sick pods are removed."""
     replicas = vlmd.spec["replicas"]
+    surge = surge if replicas else 0
+    meta = _metadata(vlmd, vlmd.name)
+    if surge:
+        meta["annotations"] = {SURGE_ANNOTATION: str(surge)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(vlmd, vlmd.name),
+        "metadata": meta,
         "spec": {
-            "replicas": replicas + surge if replicas else 0,
+            "replicas": replicas + surge,
             "selector": {"matchLabels": get_selector_labels(vlmd.name)},
             # GPUs are scarce: replace pods one at a time without needing a spare GPU.
             "strategy": {"type": "RollingUpdate",

@@ -41,6 +41,11 @@ def _changed(before: dict | None, after: dict) -> bool:
     return before is None or _content(before) != _content(after)
 
 
+def _surge(child: dict) -> str | None:
+    return ((child.get("metadata") or {}).get("annotations") or {}).get(
+        builders.SURGE_ANNOTATION)
+
+
 def _status_without_times(st: dict | None) -> dict:
     st = dict(st or {})
     st["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
@@ -168,6 +173,12 @@ class Reconciler:
             else:
                 reason, verb = ("DriftRestored", "Restored") if drift else ("Updated", "Updated")
             message = f"{verb} {kind} {child_name}"
+            if before is not None and _surge(before) != _surge(after):
+                reason = "Updated"  # a replacement began or ended: ours, not drift
+                message = (f"Updated {kind} {child_name}: replicas {before['spec']['replicas']}"
+                           f" -> {after['spec']['replicas']} "
+                           + ("while a replacement for a sick pod comes up" if _surge(after)
+                              else "(replacement done)"))
             log.info("%s/%s: %s", vlmd.namespace, vlmd.name, message)
             self.kube.post_event(body, status.Event("Normal", reason, message))
         return failures

@@ -206,17 +206,22 @@ class Bed:
             self.ns, field_selector=f"involvedObject.name={name}").items
         return Counter(e.reason for e in items if e.involved_object.kind == crd.KIND)
 
+    def snapshot(self, name: str) -> dict[str, Instance]:
+        """Its pods now: what `follow` calls touched if they are gone or restarted later."""
+        return {p.metadata.uid: instance(p) for p in self.pods(name)}
+
     def fault(self, pod: Any, spec: dict | list) -> None:
         post(pod.status.pod_ip, "/sim/fault", spec)
 
     # -- watching an outcome
     def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
                until: Callable[[], bool] | None = None, timeout: float | None = None,
-               settle: float = 2.0) -> Observed:
+               settle: float = 2.0, before: dict[str, Instance] | None = None) -> Observed:
         """Poll from the fault on: the fewest ready pods, when it served again (or `until`
-        held), then `settle` more seconds so late extra actions still show."""
+        held), then `settle` more seconds so late extra actions still show. `before`: the pods
+        at the fault (snapshot()), where the fault came earlier than this call."""
         seen = Observed(lowest_ready=replicas)
-        before = {p.metadata.uid: instance(p) for p in self.pods(name)}
+        before = self.snapshot(name) if before is None else before
         deadline = time.monotonic() + (timeout or self.limit_s)
         done_at = None
         while time.monotonic() < deadline:
@@ -466,10 +471,13 @@ def two_at_once(bed: Bed, health: dict | None) -> Observed:
     (a,) = bed.wait_ready("row", 1)
     (b,) = bed.wait_ready("other", 1)
     start = time.time()
+    # "other" is followed once "row" is done: its pods as they were at the fault, else a pod
+    # its Replace made and dropped meanwhile would count as touched
+    before_other = bed.snapshot("other")
     bed.fault(a, {"fault": "engine_dead"})
     bed.fault(b, {"fault": "tokenizer_retry", "rate": 20})
     seen = bed.follow("row", 1, {instance(a)}, start)
-    other = bed.follow("other", 1, {instance(b)}, start)
+    other = bed.follow("other", 1, {instance(b)}, start, before=before_other)
     seen.notes["other"] = other.as_dict()
     seen.recovered_s = max(seen.recovered_s or 1e9, other.recovered_s or 1e9)
     seen.recovered_s = None if seen.recovered_s >= 1e9 else seen.recovered_s

@@ -41,6 +41,7 @@ def storm_gpu_free(seen: Observed) -> None:
     assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
     assert seen.events["PodRestarted"] == 0
     assert seen.lowest_ready >= 1, "the only replica was removed before its replacement served"
+    assert seen.events["DriftRestored"] == 0, "the surge's own replicas change called drift"
     said(seen, "tokenizer_retry", "Replace")
 
 

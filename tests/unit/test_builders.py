@@ -260,3 +260,15 @@ def test_returned_objects_share_nothing_with_the_spec():
     pod["containers"][0]["resources"]["requests"]["cpu"] = "9"
     assert builders.get_deployment(obj) != dep
     assert obj.spec["vllm"]["env"][0]["value"] == "1"
+
+
+def test_surge_adds_replicas_and_says_so_on_the_deployment():
+    plain = builders.get_deployment(vlmd(replicas=2))
+    assert plain["spec"]["replicas"] == 2
+    assert builders.SURGE_ANNOTATION not in plain["metadata"].get("annotations", {})
+    surged = builders.get_deployment(vlmd(replicas=2), surge=1)
+    assert surged["spec"]["replicas"] == 3
+    assert surged["metadata"]["annotations"] == {builders.SURGE_ANNOTATION: "1"}
+    stopped = builders.get_deployment(vlmd(replicas=0), surge=1)  # scaled to zero: no surge
+    assert stopped["spec"]["replicas"] == 0
+    assert "annotations" not in stopped["metadata"]
