@@ -3,6 +3,7 @@ default list ends the watch streams, and with them the operator, after a minute 
 
 import argparse
 import itertools
+import logging
 
 import kopf
 
@@ -36,3 +37,13 @@ def test_shards_have_peerings_of_their_own(monkeypatch):
         assert "0..3" in str(exc)
     else:
         raise AssertionError("shard 7 of 4 accepted")
+
+
+def test_only_urllib3_pool_full_warnings_are_dropped():
+    def record(msg, *args):
+        return logging.LogRecord("urllib3.connectionpool", logging.WARNING, "", 0, msg, args,
+                                 None)
+    assert not runner._not_pool_full(record(
+        "Connection pool is full, discarding connection: %s. Connection pool size: %s",
+        "127.0.0.1", 64))
+    assert runner._not_pool_full(record("Retrying (%s) after connection broken", "Retry(1)"))
