@@ -97,7 +97,10 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     back = time.monotonic()
     assert frozen > unanswered, "no call gave up on the frozen apiserver"
     assert op.proc.poll() is None, "the operator exited while the apiserver was frozen"
-    bed.wait("the second sick pod replaced", lambda: bed.events("inc")["PodReplaced"] == 2
+    # the operator's log, not the Event, says the pod was deleted: an Event posted while the
+    # apiserver is still catching up after SIGCONT may be lost (Events are best-effort)
+    bed.wait("the second sick pod replaced", lambda: deletions(op, sick2) == 1
+             and all(p.metadata.uid != sick2.metadata.uid for p in bed.pods("inc"))
              and serving(bed, "inc", 1, {instance(sick), instance(sick2)}), timeout=240)
     times["freeze: replacement done"] = time.monotonic() - back
     bed.wait("scaled down to 1", lambda: bed.get("scale")["spec"]["replicas"] == 1
@@ -105,7 +108,9 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     times["freeze: scale-down done"] = time.monotonic() - back
     time.sleep(3)  # a late second action would show now
     events = bed.events("inc")
-    assert (events["PodReplacing"], events["PodReplaced"], events["PodRestarted"]) == (2, 2, 0)
+    assert (events["PodReplacing"], events["PodRestarted"]) == (2, 0)
+    assert events["PodReplaced"] <= 2
+    assert (deletions(op, sick), deletions(op, sick2)) == (1, 1), "a pod deleted twice"
     (left,) = bed.pods("scale")
     assert left.metadata.uid == first.metadata.uid  # the newest went, drained, once each
     assert left.metadata.labels[builders.IN_SERVICE_LABEL] == "true"
@@ -119,6 +124,11 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     assert op.proc.poll() is None
     print("recovery after the apiserver answered again (s):",
           {k: round(v, 1) for k, v in times.items()})
+
+
+def deletions(op, pod) -> int:
+    """Times the operator logged deleting this pod for a replacement (remediator.py)."""
+    return op.log().count(f": deleted {pod.metadata.name}: ")
 
 
 def serving(bed: Bed, name: str, n: int, faulted: set) -> list:
