@@ -119,9 +119,24 @@ def _endpoint_settings(job: dict, ep: dict) -> None:
             job[key] = ep[field]
 
 
+def _job(kind: str, fields: set[str], monitor: dict, i: int, ep: dict,
+         role: str) -> dict:
+    """The part of endpoint i's scrape job both monitor kinds share: its name, discovery and
+    endpoint settings (only `port` endpoints are reproduced)."""
+    meta, spec = monitor["metadata"], monitor["spec"]
+    _refuse_unknown(f"{kind} endpoint", ep, fields)
+    if not ep.get("port"):
+        raise ValueError(f"{kind} endpoint: only `port` endpoints are reproduced")
+    job = _head(f"{kind[0].lower()}{kind[1:]}/{meta['namespace']}/{meta['name']}/{i}", ep)
+    job["kubernetes_sd_configs"] = _sd(role, spec.get("namespaceSelector") or {},
+                                       meta["namespace"])
+    _endpoint_settings(job, ep)
+    return job
+
+
 def service_monitor_jobs(monitor: dict, role: str = ENDPOINTSLICE) -> list[dict]:
     """One scrape job per endpoint of a ServiceMonitor, as the Prometheus Operator writes it."""
-    meta, spec = monitor["metadata"], monitor["spec"]
+    spec = monitor["spec"]
     _refuse_unknown("ServiceMonitor spec", spec, _SM_SPEC_FIELDS)
     port_label = ("__meta_kubernetes_endpointslice_port_name" if role == ENDPOINTSLICE
                   else "__meta_kubernetes_endpoint_port_name")
@@ -129,13 +144,7 @@ def service_monitor_jobs(monitor: dict, role: str = ENDPOINTSLICE) -> list[dict]
               f"__meta_kubernetes_{role}_address_target_name"]
     jobs = []
     for i, ep in enumerate(spec["endpoints"]):
-        _refuse_unknown("ServiceMonitor endpoint", ep, _SM_ENDPOINT_FIELDS)
-        if not ep.get("port"):
-            raise ValueError("ServiceMonitor endpoint: only `port` endpoints are reproduced")
-        job = _head(f"serviceMonitor/{meta['namespace']}/{meta['name']}/{i}", ep)
-        job["kubernetes_sd_configs"] = _sd(role, spec.get("namespaceSelector") or {},
-                                           meta["namespace"])
-        _endpoint_settings(job, ep)
+        job = _job("ServiceMonitor", _SM_ENDPOINT_FIELDS, monitor, i, ep, role)
         rules = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
         rules += _selector(spec["selector"], "__meta_kubernetes_service")
         rules.append({"action": "keep", "source_labels": [port_label], "regex": ep["port"]})
@@ -177,13 +186,7 @@ def pod_monitor_jobs(monitor: dict) -> list[dict]:
     _refuse_unknown("PodMonitor spec", spec, _PM_SPEC_FIELDS)
     jobs = []
     for i, ep in enumerate(spec["podMetricsEndpoints"]):
-        _refuse_unknown("PodMonitor endpoint", ep, _PM_ENDPOINT_FIELDS)
-        if not ep.get("port"):
-            raise ValueError("PodMonitor endpoint: only `port` endpoints are reproduced")
-        job = _head(f"podMonitor/{meta['namespace']}/{meta['name']}/{i}", ep)
-        job["kubernetes_sd_configs"] = _sd("pod", spec.get("namespaceSelector") or {},
-                                           meta["namespace"])
-        _endpoint_settings(job, ep)
+        job = _job("PodMonitor", _PM_ENDPOINT_FIELDS, monitor, i, ep, "pod")
         rules = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
                  {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
                   "regex": "(Failed|Succeeded)"}]
