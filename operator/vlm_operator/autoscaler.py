@@ -61,6 +61,12 @@ def is_builtin(spec: dict) -> bool:
     return bool(scaling.get("enabled")) and scaling.get("mode", "Builtin") == "Builtin"
 
 
+def metric_names(spec: dict) -> set[str]:
+    """The /metrics samples `_sample` reads, for the round's scrape (scrape.parse_metrics)."""
+    return {"vllm:request_success_total", "vllm:mm_cache_queries_total",
+            "vllm:kv_cache_usage_perc", *scrape.IN_FLIGHT_METRICS, spec["autoscaling"]["metric"]}
+
+
 def _creation(pod: dict) -> float:
     stamp = pod["metadata"].get("creationTimestamp")
     if not stamp:

@@ -5,12 +5,13 @@ to stall detection and, in Builtin mode, to the autoscaler."""
 from __future__ import annotations
 
 from vlm_operator import builders
-from vlm_operator.autoscaler import Autoscaler, is_builtin
+from vlm_operator.autoscaler import Autoscaler, is_builtin, metric_names
 from vlm_operator.kube import Kube
 from vlm_operator.logfollow import is_running
 from vlm_operator.scrape import Scraper
 from vlm_operator.spec import SpecError, parse
 from vlm_operator.stall_watch import StallWatch
+from vlm_operator.stalls import PROGRESS_METRICS
 
 
 class Rounds:
@@ -27,11 +28,13 @@ class Rounds:
             return
         pods = [p for p in self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
                 if not p["metadata"].get("deletionTimestamp")]
+        builtin = is_builtin(vlmd.spec)
+        names = {*PROGRESS_METRICS, *(metric_names(vlmd.spec) if builtin else ())}
         # every running container, ready or not: a hung API server fails its readiness probe
         # long before its liveness probe restarts it, and is still this round's business
-        scrapes = self.scraper.scrape([p for p in pods if is_running(p)])
+        scrapes = self.scraper.scrape([p for p in pods if is_running(p)], names)
         self.stall_watch.observe(vlmd, pods, scrapes)
-        if is_builtin(vlmd.spec):
+        if builtin:
             self.autoscaler.tick(body, pods, scrapes)
         else:
             self.autoscaler.forget(vlmd.namespace, vlmd.name)

@@ -731,10 +731,10 @@ class LightContainer:
         if method == "GET" and path in ("/health", "/ping"):
             return (503 if self.dead else 200), "text/plain", b""
         if method == "GET" and path == "/metrics":
-            gauges = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting",
-                                    "vllm:kv_cache_usage_perc"), 0.0)
-            text = vllmsim.render_metrics(f'engine="0",model_name="{self.model}"', gauges,
-                                          dict(self.counters), {})
+            text = vllmsim.render_metrics(
+                f'engine="0",model_name="{self.model}"', dict.fromkeys(vllmsim.GAUGES, 0.0),
+                dict(self.counters), {},
+                vllmsim.real_families(frozenset((*vllmsim.GAUGES, *self.counters)), self.model))
             return 200, "text/plain; version=0.0.4", text.encode()
         if method == "GET" and path == "/v1/models":
             return 200, "application/json", json.dumps(

