@@ -1,5 +1,6 @@
-"""Sharded operators (issue 14): two processes, --shards 2 --shard 0/1, on the real apiserver.
-Every VLMDeployment is reconciled by exactly one of them, the one its hash names."""
+"""Sharded operators (issue 14): the two pods of the chart's StatefulSet (`shards=2`), run as
+processes with its shard arguments (`--shard auto`) and their pod names, on the real
+apiserver. Every VLMDeployment is reconciled by exactly one of them, the one its hash names."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from kube_helpers import cr, create, get_cr, wait_for
 from kubernetes import client
 
 from vlm_operator.sharding import shard_of
+from vlm_testbed.chart import template
 from vlm_testbed.controlplane import ready_namespace
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -18,8 +20,13 @@ def test_each_vlmdeployment_is_handled_by_its_shard_only(api, cluster):
     names = [f"s{i}" for i in range(6)]
     owners = {name: shard_of(ns, name, 2) for name in names}
     assert set(owners.values()) == {0, 1}, "pick names that land in both shards"
-    ops = [OperatorProcess(cluster.kubeconfig, "--standalone", "--shards", "2", "--shard",
-                           str(i), "-n", ns) for i in range(2)]
+    (sts,) = [d for d in template("--set", "shards=2") if d["kind"] == "StatefulSet"]
+    args = [a for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]
+            if a.startswith("--shard")]
+    assert sts["spec"]["replicas"] == 2 and len(args) == 2, args
+    ops = [OperatorProcess(cluster.kubeconfig, "--standalone", *args, "-n", ns,
+                           env={"POD_NAME": f"{sts['metadata']['name']}-{i}"})
+           for i in range(2)]
     try:
         for op in ops:
             op.start()

@@ -13,6 +13,7 @@ import yaml
 
 from vlm_operator import crd
 from vlm_operator.reference_docs import get_reference
+from vlm_operator.sharding import Shard
 from vlm_testbed import chart
 from vlm_testbed.chart import CHART, template
 
@@ -30,6 +31,8 @@ VARIANTS = {
                             "metrics.grafanaDashboard.enabled=true,verbose=true"],
     "cluster-hpa-keda": ["--set", "rbac.hpa=true,rbac.keda=true"],
     "standalone": ["--set", "peering.standalone=true"],
+    "sharded": ["--set", "shards=3"],
+    "sharded-namespaced": ["--set", "shards=2,watchNamespaces={team-a,team-b}"],
     "policy": ["--set", "watchNamespaces={team-a},policy.allowedImagePrefixes={reg.example/vllm/},"
                         "policy.allowedPriorityClasses={gpu-a,gpu-b},"
                         "policy.secretLabel=vlm-operator.dev/referable=true"],
@@ -79,6 +82,34 @@ def test_args_name_each_watched_namespace(helm):
     (dep,) = find(template(*VARIANTS["namespaced"]), "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [args[i + 1] for i, a in enumerate(args) if a == "-n"] == ["team-a", "team-b"]
+
+
+def test_shards_are_a_statefulset_with_a_peering_object_per_shard(helm):
+    docs = template(*VARIANTS["sharded"])
+    assert find(docs, "Deployment") == []
+    (sts,) = find(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    assert {"--shards=3", "--shard=auto", "--peering=vlm-operator"} <= set(container["args"])
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} \
+        in container["env"]  # --shard auto reads the ordinal from it
+    # runner.py's peering name per shard (sharding.Shard.peering)
+    assert sorted(p["metadata"]["name"] for p in find(docs, "ClusterKopfPeering")) == [
+        Shard(i, 3).peering("vlm-operator") for i in range(3)]
+    (svc,) = find(docs, "Service")
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]  # every shard
+    namespaced = template(*VARIANTS["sharded-namespaced"])
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"])
+                  for p in find(namespaced, "KopfPeering")) == [
+        (ns, f"vlm-operator-{i}") for ns in ("team-a", "team-b") for i in range(2)]
+    standby = template("--set", "shards=3,replicaCount=0")
+    assert find(standby, "StatefulSet")[0]["spec"]["replicas"] == 0
+    unsharded = template()
+    (dep,) = find(unsharded, "Deployment")
+    assert not any(a.startswith("--shard") for a in dep["spec"]["template"]["spec"][
+        "containers"][0]["args"])
+    assert [p["metadata"]["name"] for p in find(unsharded, "ClusterKopfPeering")] == [
+        "vlm-operator"]
 
 
 def test_image_and_metrics_service_from_values(helm):
@@ -198,6 +229,7 @@ def test_helm_test_pod_curls_the_metrics_service(helm):
     ("policy.secretLabel=has space", "policy.secretLabel"),
     ("policy.allowedPriorityClasses={Bad_Class}", "policy.allowedPriorityClasses.0"),
     ("policy.allowImages=true", "policy"),
+    ("shards=0", "shards"),
 ])
 def test_schema_rejects_bad_values(helm, bad, field):
     result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad],

@@ -48,6 +48,7 @@ CHART_VARIANTS = {
     "cluster-wide-monitoring": [
         "--set", "metrics.serviceMonitor.enabled=true,metrics.vllmPodMonitor.enabled=true,"
                  "metrics.prometheusRule.enabled=true,rbac.gpuCapacity=false"],
+    "sharded": ["--set", "shards=4,watchNamespaces={team-a}"],
     "standalone-bare": [
         "--set", "peering.standalone=true,rbac.create=false,serviceAccount.create=false,"
                  "metrics.service.enabled=false,replicaCount=0"],
@@ -127,7 +128,8 @@ def test_chart_objects_match_their_owners_schemas(node, variant):
 
 def test_the_matrices_cover_every_kind_the_chart_renders(node):
     kinds = {d["kind"] for v in CHART_VARIANTS.values() for d in template(*v)}
-    assert {"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "ClusterRole",
+    assert {"CustomResourceDefinition", "Deployment", "StatefulSet", "Service", "ServiceAccount",
+            "ClusterRole",
             "ClusterRoleBinding", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor",
             "PrometheusRule", "ConfigMap", "Pod", "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding"} <= kinds - NO_OWNER_SCHEMA
