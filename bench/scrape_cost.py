@@ -15,7 +15,6 @@ Usage: .venv/bin/python bench/scrape_cost.py [--reads 400] [--trials 5]
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import multiprocessing
 import statistics
@@ -46,17 +45,7 @@ def pages() -> dict[str, bytes]:
 
 
 def serve(body: bytes, port, ready) -> None:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = vllmsim.page_server(body)
     port.value = server.server_address[1]
     ready.set()
     server.serve_forever()

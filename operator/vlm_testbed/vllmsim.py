@@ -254,6 +254,23 @@ def render_metrics(labels: str, gauges: dict[str, float], counters: dict[str, fl
     return "\n".join([*out, *rest]) + "\n"
 
 
+def page_server(body: bytes, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """A server on a free port answering every GET with `body` (a fixed /metrics page, for
+    readers' tests and benchmarks); the caller runs serve_forever."""
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return ThreadingHTTPServer((host, 0), Page)
+
+
 def count_images(messages: list) -> int:
     n = 0
     for msg in messages:

@@ -1,7 +1,6 @@
 """Reading pods' /metrics: only the named samples are parsed, with the same values a full parse
 gives, from a real vLLM 0.32.0 /metrics and from the stand-ins that serve it."""
 
-import http.server
 import threading
 
 import pytest
@@ -57,20 +56,8 @@ def test_the_stand_ins_serve_the_real_families_they_do_not_simulate():
     assert light.count("# HELP vllm:num_requests_waiting ") == 1
 
 
-class _Metrics(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = REAL.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_scraper_reads_the_named_samples_of_each_pod():
-    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Metrics)
+    server = vllmsim.page_server(REAL.encode(), "127.0.0.2")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     old = scrape.builders.PORT
