@@ -106,10 +106,9 @@ class Autoscaler:
 
     # -- inputs
     def _sample(self, vlmd: VLMDeployment, pod: dict, reading: scrape.Scrape | None,
-                state: _State) -> a.PodSample:
+                state: _State, failing: set[str]) -> a.PodSample:
         name = pod["metadata"]["name"]
-        base = dict(name=name, created=_creation(pod),
-                    failing=name in self._failing(vlmd))
+        base = dict(name=name, created=_creation(pod), failing=name in failing)
         pod_state = _pod_state(pod)
         if pod_state != a.READY:
             return a.PodSample(state=pod_state, **base)
@@ -213,7 +212,8 @@ class Autoscaler:
         self.cluster.start_budget()  # current by the time a scale-up needs it
         pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                 and not _removed_elsewhere(p)]
-        samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state)
+        failing = self._failing(vlmd)  # once a round, not once a pod
+        samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state, failing)
                    for p in pods]
         current = int(body["spec"].get("replicas", vlmd.spec["replicas"]))
         now = self.clock()

@@ -53,6 +53,12 @@ class Windows:
             for k in [k for k in self._times if k[0] == uid]:
                 del self._times[k]
 
+    def uids(self) -> set[str]:
+        """Pods with incident times kept (in a window or not yet forgotten): the only ones a
+        count can find; usually none."""
+        with self._lock:
+            return {uid for uid, _ in self._times}
+
 
 def _between(times: list[float], low: float, high: float) -> int:
     """How many of the sorted times fall in (low, high]."""

@@ -106,10 +106,13 @@ class LogWatch:
 
     def failing_pods(self, namespace: str, name: str) -> set[str]:
         """Pods of a VLMDeployment with a failure signature inside its window or a pod-status
-        finding: the autoscaler removes these first when it scales down."""
+        finding: the autoscaler removes these first when it scales down. Asked every second
+        per Builtin VLMDeployment: only pods with incident times are looked at, not every
+        followed pod (thousands)."""
+        candidates = self.windows.uids()
         with self._lock:
-            pods = [f for f in self._followers.values()
-                    if f.namespace == namespace and f.owner == name]
+            pods = [f for uid in candidates if (f := self._followers.get(uid)) is not None
+                    and f.namespace == namespace and f.owner == name]
             findings = self._findings.get((namespace, name)) or {}
         out = {pod for pod, found in findings.items() if found}
         owner = self.remediator.known(namespace, name)

@@ -85,3 +85,16 @@ def test_a_running_pod_that_is_not_ready_is_read_not_loading():
     scaler.tick(kube.body, [pod("a"), pod("busy", ready=False, draining_since=900.0)],
                 {"a": IDLE, "busy": Scrape(error="timeout")})
     assert ("delete", "busy") not in kube.calls
+
+
+def test_failing_pods_are_asked_once_a_round_and_picked_first():
+    """The log watcher's failing pods (remove first) are asked once per round, not once per
+    pod: the question walks the watcher's state, every second per Builtin VLMDeployment."""
+    kube = Kube(vlmd(3, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    asked = []
+    scaler.failing_pods = lambda namespace, name: asked.append(name) or {"b"}
+    pods = [pod("a"), pod("b"), pod("c")]
+    scaler.tick(kube.body, pods, {p["metadata"]["name"]: IDLE for p in pods})
+    assert asked == ["m"]
+    assert ("mark", "b") in kube.calls  # idle at 3 replicas: the failing one is drained first

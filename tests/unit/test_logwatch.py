@@ -53,3 +53,32 @@ def test_any_inactive_plugin_line_makes_the_pod_unpatched():
                                         plugin=follower.plugin)[0].kind == "Unpatched"
     finally:
         watch.stop()
+
+
+def test_failing_pods_look_only_at_pods_with_incidents():
+    """Asked every second per Builtin VLMDeployment: it must not walk every followed pod. A
+    follower without incident times is never looked at (here: its owner attribute would
+    raise), and a pod forgotten by the windows is no candidate."""
+
+    class Untouchable(Follower):
+        @property
+        def owner(self):
+            raise AssertionError("a pod without incidents was looked at")
+
+        @owner.setter
+        def owner(self, value):
+            pass
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        watch._followers["uid-a"] = Follower(watch, pod("a"))
+        for i in range(50):
+            watch._followers[f"uid-q{i}"] = Untouchable(watch, pod(f"q{i}"))
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        watch.windows.add("uid-a", "tokenizerRetry", time.time() - 1, 60)
+        assert watch.windows.uids() == {"uid-a"}
+        assert watch.failing_pods("ml", "demo") == {"a"}
+        watch.windows.forget("uid-a")
+        assert watch.windows.uids() == set() and watch.failing_pods("ml", "demo") == set()
+    finally:
+        watch.stop()
