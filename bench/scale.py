@@ -12,18 +12,21 @@ Configurations (--configs, default all but smoke):
 
 Every pod is a node-simulator LightPod (no process per pod: 2,000 vLLM stand-in processes do
 not fit on one machine): the apiserver objects are real, and each managed pod answers vLLM's
-/metrics, /health and completions and has a log that the operator follows through the
-apiserver, as with real pods. Half of the VLMDeployments run Builtin autoscaling (steady load:
-no scaling), so the GPU budget and the rounds are exercised.
+/metrics (the page of a real vLLM 0.32.0, 50 KB), /health and completions and has a log that
+the operator follows through the apiserver, as with real pods. Half of the VLMDeployments run
+Builtin autoscaling (steady load: no scaling), so the GPU budget and the rounds are exercised.
 
 Per configuration:
 - reconcile latency: VLMDeployments created 8 at a time; create -> Deployment exists and
   create -> Ready=True, from watches.
 - steady state over --window seconds, once the operator reconciles fewer than 2 times a second
-  (the convergence's tail: controllers' status writes to Deployments and PDBs): operator CPU
-  (s/s), RSS; kube-apiserver CPU and RSS; the
-  operator's API requests/s by verb from the apiserver's audit log (the operator runs as user
-  vlm-operator: kopf's requests count too); Builtin rounds completed per second.
+  (the convergence's tail: controllers' status writes to Deployments and PDBs) and the
+  machine's 1-minute load average is below 4 (creating 9,800 pods leaves it loaded for
+  minutes): operator CPU (s/s), RSS; kube-apiserver CPU and RSS; the operator's API
+  requests/s by verb from the apiserver's audit log (the operator runs as user vlm-operator:
+  kopf's requests count too); Builtin rounds completed per second; and what the operator did
+  per second and why, from its own counters (reconciles, Events by reason, autoscaler decisions
+  by reason, scrape errors, canaries by result).
 - remediation latency: --faults engine deaths on pods of different VLMDeployments; the last
   engine-death line written -> the pod's deletion seen by a watch.
 
@@ -48,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 from common import cpu_seconds, machine, percentile, rss_mib
 from vlm_operator import builders, crd
@@ -66,6 +70,7 @@ RESULTS = ROOT / "bench" / "results"
 USER = "vlm-operator"
 NODES, GPUS_PER_NODE, MAX_PODS = 50, 64, 250
 VLMDS = 200
+METRICS_PAGE = "real vLLM 0.32.0, 50 KB"  # what each pod's /metrics serves (vllmsim)
 CONFIGS = {  # name: (replicas of each VLMDeployment, unmanaged pods, of which hold a GPU)
     "pods-500": ([2] * 100 + [3] * 100, 0, 0),
     "pods-2000": ([10] * VLMDS, 0, 0),
@@ -143,6 +148,33 @@ def audit_counts(path: Path, start: int, end: int) -> Counter:
             resource = (event.get("objectRef") or {}).get("resource", "-")
             counts[f"{event['verb']} {resource}"] += 1
     return counts
+
+
+WHY = (("vlm_operator_reconciles_total", "result"), ("vlm_operator_events_total", "reason"),
+       ("vlm_operator_autoscaler_decisions_total", "reason"),
+       ("vlm_operator_autoscaler_scrape_errors_total", "vlmdeployment_namespace"),
+       ("vlm_operator_canaries_total", "result"))
+
+
+def by_label(op: OperatorProcess) -> dict[str, Counter]:
+    """For each counter of WHY: its samples summed by that label, from the operator's
+    /metrics (what the operator did in a window, and why: the request rate's causes)."""
+    out = {name: Counter() for name, _ in WHY}
+    labels = dict(WHY)
+    for family in text_string_to_metric_families(op.metrics()):
+        for sample in family.samples:
+            if sample.name in labels:
+                out[sample.name][sample.labels.get(labels[sample.name], "")] += sample.value
+    return out
+
+
+def wait_load(limit: float, timeout: float) -> float:
+    """Seconds until the 1-minute load average is below `limit` (creating thousands of pods
+    leaves the machine loaded for minutes, and a window taken then measures that load)."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= limit and time.monotonic() - t0 < timeout:
+        time.sleep(5)
+    return time.monotonic() - t0
 
 
 def metric(op: OperatorProcess, name: str) -> float:
@@ -253,11 +285,14 @@ def measure(config: str, cp: ControlPlane, api, core, op: OperatorProcess, windo
     print(f"  {vlmds} VLMDeployments, {managed} pods Ready in {converge_s:.0f} s",
           flush=True)
     settle_s = settle(op)
-    print(f"  settled in {settle_s:.0f} s", flush=True)
+    load_wait_s = wait_load(4.0, 900)
+    print(f"  settled in {settle_s:.0f} s, load below 4 after {load_wait_s:.0f} s more "
+          f"({os.getloadavg()[0]:.1f})", flush=True)
 
     apiserver = cp.apiserver_pid
     audit = cp.log_path("audit")
     ticks0 = metric(op, "vlm_operator_autoscaler_tick_seconds_count")
+    why0, load0 = by_label(op), os.getloadavg()
     cpu0, api_cpu0 = cpu_seconds(op.proc.pid), cpu_seconds(apiserver)
     offset0, t0 = audit.stat().st_size, time.monotonic()
     stalled = 0.0
@@ -268,6 +303,10 @@ def measure(config: str, cp: ControlPlane, api, core, op: OperatorProcess, windo
     cpu, api_cpu = cpu_seconds(op.proc.pid) - cpu0, cpu_seconds(apiserver) - api_cpu0
     requests = audit_counts(audit, offset0, audit.stat().st_size)
     ticks = metric(op, "vlm_operator_autoscaler_tick_seconds_count") - ticks0
+    why = {name.removeprefix("vlm_operator_"): {k: round(v / elapsed, 3)
+                                                for k, v in sorted((c - why0[name]).items())
+                                                if v}
+           for name, c in by_label(op).items()}
     steady = {
         "window_s": round(elapsed, 1),
         "operator_cpu_per_s": round(cpu / elapsed, 3),
@@ -280,6 +319,8 @@ def measure(config: str, cp: ControlPlane, api, core, op: OperatorProcess, windo
         "builtin_rounds_per_s": round(ticks / elapsed, 1),
         "builtin_vlmds": vlmds // 2,
         "vlmds_with_stalled_round_max": stalled,
+        "operator_per_s": why,  # reconciles, Events, decisions, scrape errors, canaries
+        "load_avg_start": load0, "load_avg_end": os.getloadavg(),
     }
     print(f"  steady: {json.dumps(steady)}", flush=True)
 
@@ -309,23 +350,26 @@ def measure(config: str, cp: ControlPlane, api, core, op: OperatorProcess, windo
         "all_ready_s": round(converge_s, 1), "settled_after_s": round(settle_s, 1)}
     seen.stop.set()
     return {"config": config, "operator": "old" if old_src else "new",
+            "commit": machine()["commit"], "metrics_page": METRICS_PAGE,
             "vlmdeployments": vlmds, "managed_pods": managed, "unmanaged_pods": others,
             "unmanaged_gpu_pods": gpu_others, "nodes": NODES, "steady": steady,
-            "reconcile": reconcile, "remediation_s": remediation,
+            "reconcile": reconcile, "remediation_s": remediation, "load_wait_s": load_wait_s,
             "api_requests_whole_run": dict(sorted(everything.items())),
             "load_avg_end": os.getloadavg()}
 
 
 def table(results: list[dict]) -> str:
-    head = ("| configuration | operator | pods (managed + other) | operator CPU | operator RSS "
-            "| API requests/s | apiserver CPU | apiserver RSS | Builtin rounds/s "
-            "| create -> Ready p50 / p99 | engine death -> pod deleted p50 / p99 |\n"
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    head = ("| configuration | operator (commit) | pods' /metrics | pods (managed + other) "
+            "| operator CPU | operator RSS | API requests/s | apiserver CPU | apiserver RSS "
+            "| Builtin rounds/s | create -> Ready p50 / p99 "
+            "| engine death -> pod deleted p50 / p99 |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     rows = []
     for r in results:
         s, rec, rem = r["steady"], r["reconcile"]["create_to_ready_s"], r["remediation_s"]
         rows.append(
-            f"| {r['config']} | {r['operator']} | {r['managed_pods']} + {r['unmanaged_pods']} "
+            f"| {r['config']} | {r['operator']} ({r['commit']}) | {r['metrics_page']} "
+            f"| {r['managed_pods']} + {r['unmanaged_pods']} "
             f"| {100 * s['operator_cpu_per_s']:.0f} % | {s['operator_rss_mib']:.0f} MiB "
             f"| {s['api_requests_per_s']} | {100 * s['apiserver_cpu_per_s']:.0f} % "
             f"| {s['apiserver_rss_mib']:.0f} MiB "
