@@ -54,7 +54,7 @@ from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import cpu_seconds, machine, percentile, rss_mib
-from vlm_operator import builders, crd
+from vlm_operator import builders, crd, scrape
 from vlm_testbed.controlplane import (
     K8S_VERSION,
     ControlPlane,
@@ -178,11 +178,8 @@ def wait_load(limit: float, timeout: float) -> float:
 
 
 def metric(op: OperatorProcess, name: str) -> float:
-    total = 0.0
-    for line in op.metrics().splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The operator's sample `name`, summed over its label sets."""
+    return scrape.parse_metrics(op.metrics(), {name}).get(name, 0.0)
 
 
 def retried(create, attempts: int = 10) -> None:

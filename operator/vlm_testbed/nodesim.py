@@ -709,6 +709,8 @@ class LightContainer:
         tokens = list(spec.get("command") or []) + list(spec.get("args") or [])
         rest = tokens[tokens.index("serve") + 1:] if "serve" in tokens else []
         self.model = vllmsim.parse_serve_args(rest).model_name if self.vllm else ""
+        self.real_rest = vllmsim.real_families(frozenset((*vllmsim.GAUGES, *self.counters)),
+                                               self.model)
         self.version = "0.32.0"
         env = resolve_env(pod.pod, spec, pod.ip, lambda kind, name, key: None)
         lines = [vllmsim.plugin_line(self.version, proc, 1, env) for proc in
@@ -733,8 +735,7 @@ class LightContainer:
         if method == "GET" and path == "/metrics":
             text = vllmsim.render_metrics(
                 f'engine="0",model_name="{self.model}"', dict.fromkeys(vllmsim.GAUGES, 0.0),
-                dict(self.counters), {},
-                vllmsim.real_families(frozenset((*vllmsim.GAUGES, *self.counters)), self.model))
+                dict(self.counters), {}, self.real_rest)
             return 200, "text/plain; version=0.0.4", text.encode()
         if method == "GET" and path == "/v1/models":
             return 200, "application/json", json.dumps(
