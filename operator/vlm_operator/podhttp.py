@@ -131,7 +131,7 @@ def _receive(sock: socket.socket, deadline: float, cap: int) -> Answer:
     while True:
         if head is None:
             end = buf.find(b"\r\n\r\n", max(0, len(buf) - RECV_BYTES - 3))
-            if end < 0 and len(buf) > HEAD_CAP:
+            if (end < 0 and len(buf) > HEAD_CAP) or end > HEAD_CAP:
                 raise PodHTTPError(TOO_LARGE, f"status line and headers over {HEAD_CAP} bytes")
             if end >= 0:
                 head = (*_parse_head(bytes(buf[:end])), end + 4)

@@ -7,6 +7,10 @@ A canary is a 1-token completion with request id `vlm-operator-canary-*` (header
 user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request_success_total
 like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
 one per stallSeconds - canaryTimeoutSeconds; a pod whose counters move gets none.
+
+Only timeouts on connections the pod accepted are evidence (podhttp.py): a /metrics read that
+could not connect starts no check, and api_unresponsive is acted on only while the kubelet
+agrees (the pod is not Ready); until then it is logged once and left alone.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 
 from vlm_operator import scrape, stalls
 from vlm_operator.metrics import CANARIES, DETECTIONS
+from vlm_operator.podhttp import TIMEOUT
 from vlm_operator.remediator import Remediator
 from vlm_operator.spec import VLMDeployment
 
@@ -38,11 +43,18 @@ class StallWatch:
         # (namespace, name) -> pod uid -> progress, of running containers (canaries only for
         # ready ones); replaced whole every round
         self._progress: dict[tuple[str, str], dict[str, stalls.Progress]] = {}
+        self._pods: dict[tuple[str, str], dict[str, dict]] = {}  # the same, uid -> the pod
+        # object as last seen by a round (the kubelet's view for api_unresponsive)
         self._checking: set[str] = set()  # pod uids with a canary or /health check running
+        # the same, pod uids logged as unresponsive without the kubelet agreeing, until they
+        # answer again (logged once)
+        self._uncorroborated: dict[tuple[str, str], set[str]] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._progress.pop((namespace, name), None)
+            self._pods.pop((namespace, name), None)
+            self._uncorroborated.pop((namespace, name), None)
 
     def observe(self, vlmd: VLMDeployment, pods: list[dict],
                 scrapes: dict[str, scrape.Scrape]) -> None:
@@ -64,13 +76,18 @@ class StallWatch:
                 if reading.values is not None:
                     progress = stalls.after_health(progress, False, None)
                 after[uid] = progress
-                if reading.error == scrape.TIMEOUT and unresponsive["action"] != "Ignore":
+                if reading.error == TIMEOUT and unresponsive["action"] != "Ignore":
                     due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
                 elif _ready(pod) and stalled["action"] != "Ignore" and stalls.canary_due(
                         progress, now, stalled["stallSeconds"],
                         stalled["canaryTimeoutSeconds"]):
                     due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))
             self._progress[key] = after
+            self._pods[key] = {p["metadata"]["uid"]: p for p in pods
+                               if p["metadata"]["uid"] in after}
+            answered = {uid for uid in after if after[uid].read_at == now}
+            self._uncorroborated[key] = self._uncorroborated.get(key, set()) & (
+                set(after) - answered)
         for uid, check, pod, arg in due:
             self._start(uid, check, vlmd, pod, arg)
 
@@ -118,17 +135,35 @@ class StallWatch:
         self._report(vlmd, pod, "engine_stalled", now, detail)
 
     def _check_api(self, vlmd: VLMDeployment, pod: dict, needed: int) -> None:
-        """/metrics timed out this round: does /health answer within the probe's timeout?"""
-        name = pod["metadata"]["name"]
+        """/metrics timed out this round on a connection the pod accepted: does /health answer
+        within the probe's timeout, and does the kubelet see it too?"""
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
         answer = scrape.health(scrape.pod_ip(pod), API_HEALTH_TIMEOUT_S)
-        judged = self._store(vlmd, pod["metadata"]["uid"],
+        judged = self._store(vlmd, uid,
                              lambda p: (stalls.after_health(p, True, answer), None))
-        if judged is None or judged[0].timeouts < needed:
+        if judged is None:
             return
         progress = judged[0]
+        with self._lock:  # the pod as the latest round saw it
+            pod = self._pods.get((vlmd.namespace, vlmd.name), {}).get(uid, pod)
+        verdict = stalls.api_verdict(progress, needed, stalls.not_ready(pod))
         detail = (f"/metrics and /health both timed out in {progress.timeouts} checks in a row "
-                  f"(/health waited {API_HEALTH_TIMEOUT_S:g} s): the API server's event loop is "
-                  "not answering")
+                  f"(/health waited {API_HEALTH_TIMEOUT_S:g} s, on connections the pod "
+                  "accepted)")
+        if verdict == stalls.UNCORROBORATED:
+            with self._lock:
+                told = self._uncorroborated.setdefault((vlmd.namespace, vlmd.name), set())
+                first = uid not in told
+                told.add(uid)
+            if first:
+                log.warning("%s/%s: %s: %s, but the kubelet's readiness probe passes (the pod "
+                            "is Ready): not acted on while the kubelet does not agree",
+                            vlmd.namespace, vlmd.name, name, detail)
+            return
+        if verdict != stalls.UNRESPONSIVE:
+            return
+        detail += (" and the kubelet's readiness probe fails too (Ready=False): the API "
+                   "server's event loop is not answering")
         log.warning("%s/%s: %s unresponsive: %s", vlmd.namespace, vlmd.name, name, detail)
         self._report(vlmd, pod, "api_unresponsive", time.time(), detail)
 

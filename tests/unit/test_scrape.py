@@ -66,7 +66,7 @@ def test_the_scraper_reads_the_named_samples_of_each_pod():
     try:
         pods = [{"metadata": {"name": "a", "uid": "1"}, "status": {"podIP": "127.0.0.2"}},
                 {"metadata": {"name": "b", "uid": "2"}, "status": {}}]
-        out = scraper.scrape(pods, PROGRESS_METRICS)
+        out = scraper.scrape(("team", "m"), pods, PROGRESS_METRICS)
     finally:
         scrape.builders.PORT = old
         scraper.stop()
