@@ -52,8 +52,10 @@ class Periodic:
                  round_s: float = ROUND_SECONDS,
                  resync_s: float = RESYNC_SECONDS, check_s: float = CHECK_SECONDS) -> None:
         """`tick(body)`: one round of a VLMDeployment; `resync(ns, name)`: one reconcile (logs
-        its own errors); `forget(ns, name)`: drop its round state; `may_act(ns)`: peering.py."""
+        its own errors); `forget(ns, name)`: drop its round state; `due(body)`: whether its
+        round has anything to do (default: always); `may_act(ns)`: peering.py."""
         self._tick, self._resync, self._forget = tick, resync, forget
+        self._due = due or (lambda body: True)
         self._may_act = may_act or (lambda namespace: True)
         self.watchdog = watchdog or Watchdog()
         self.round_s, self.resync_s = round_s, resync_s
