@@ -26,41 +26,14 @@ from vlm_testbed import vllmsim
 POD_IP, TARGET_IP = "127.0.41.2", "127.0.41.3"
 
 
-class Target:
-    """The address a redirect points to: counts every request it gets."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        target = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                """quiet"""
-
-            def _any(self):
-                target.requests.append(f"{self.command} {self.path}")
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            do_GET = do_POST = _any
-
-        self.httpd = http.server.ThreadingHTTPServer((TARGET_IP, 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://{TARGET_IP}:{self.httpd.server_address[1]}/latest/meta-data"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def target():
-    t = Target()
-    yield t
-    t.stop()
+    """The address a redirect points to: records every request it gets."""
+    server = vllmsim.RecordingServer(TARGET_IP)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture
