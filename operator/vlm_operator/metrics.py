@@ -82,6 +82,9 @@ LOOP_ROUND_AGE = Gauge("vlm_operator_loop_seconds_since_round",
 LOOP_STALLED = Gauge("vlm_operator_loop_stalled",
                      "1 while a loop has not completed a round in the watchdog's factor times "
                      "its period.", ["loop"])
+ROUNDS = Counter("vlm_operator_rounds_total",
+                 "VLMDeployment rounds run (stall detection, Builtin autoscaling); a "
+                 "VLMDeployment with nothing to read or decide (no pods) has none.")
 ROUNDS_STALLED = Gauge("vlm_operator_rounds_stalled",
                        "VLMDeployments whose once-a-second round has not completed in the "
                        "watchdog's factor times its period.")

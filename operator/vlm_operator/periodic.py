@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.cluster_cache import Stale
 from vlm_operator.fairpool import FairPool
+from vlm_operator.metrics import ROUNDS
 from vlm_operator.watchdog import ROUND_PREFIX, Watchdog, round_loop
 
 ROUND_SECONDS = 1.0
@@ -154,6 +155,7 @@ class Periodic:
             return True
 
     def _tick_logged(self, key: Key, body: dict) -> None:
+        ROUNDS.inc()
         try:
             self._tick(body)
         except Exception as exc:
