@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from kubernetes import client
@@ -41,11 +42,15 @@ def total(text: str, name: str) -> float:
                if s.name == name)
 
 
-def audit_requests(path: Path, start: int) -> int:
+def audit_requests(path: Path, start: int) -> Counter:
+    """The operator's requests since `start`, by "verb resource"."""
+    counts: Counter = Counter()
     with open(path, "rb") as f:
         f.seek(start)
-        return sum(1 for line in f.read().splitlines()
-                   if json.loads(line).get("stage", "ResponseComplete") == "ResponseComplete")
+        for line in f.read().splitlines():
+            event = json.loads(line)
+            counts[f"{event['verb']} {(event.get('objectRef') or {}).get('resource', '-')}"] += 1
+    return counts
 
 
 def measure(cp: ControlPlane, name: str, src: str | None, window: float) -> dict:
@@ -66,10 +71,12 @@ def measure(cp: ControlPlane, name: str, src: str | None, window: float) -> dict
         elapsed = time.monotonic() - t0
         cpu = cpu_seconds(op.proc.pid) - cpu0
         after = op.metrics()
+        requests = audit_requests(audit, offset)
         return {
             "operator": name,
             "window_s": round(elapsed, 1),
-            "api_requests_per_s_audit": round(audit_requests(audit, offset) / elapsed, 3),
+            "api_requests_per_s_audit": round(sum(requests.values()) / elapsed, 3),
+            "api_requests_audit_by_verb": dict(sorted(requests.items())),
             "api_requests_per_s_own": round((total(after, "vlm_operator_api_requests_total")
                                              - total(before, "vlm_operator_api_requests_total"))
                                             / elapsed, 3),
@@ -139,6 +146,10 @@ def markdown(out: dict) -> str:
         lines.append(f"| {r['operator']} | {r['window_s']:g} s | "
                      f"{r['api_requests_per_s_audit']:g} | {r['api_requests_per_s_own']:g} | "
                      f"{r['reconciles_per_s']:g} | {rounds} | {r['cpu_percent']:g} % |")
+    lines += ["", "Every request in the windows (audit log), by operator:", ""]
+    lines += [f"- {r['operator']}: " + (", ".join(
+        f"{k} x{v}" for k, v in r["api_requests_audit_by_verb"].items()) or "none")
+        for r in out["rows"]]
     return "\n".join(lines) + "\n"
 
 
