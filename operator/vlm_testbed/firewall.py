@@ -1,8 +1,8 @@
 """A firewall between the operator and one pod: the operator's connections to the pod's port
-are dropped (its connects time out, as behind a default-deny NetworkPolicy) or rejected with a
-TCP reset (refused, as some CNIs do), while every other process, the node simulator's probes
-included, still reaches it. As on a real cluster, where the kubelet probes from the node and
-the operator's traffic crosses the pod network.
+are dropped (its connects time out, as behind a default-deny NetworkPolicy), rejected with a
+TCP reset (refused, as some CNIs do) or silenced (connected, then nothing arrives), while every
+other process, the node simulator's probes included, still reaches it. As on a real cluster,
+where the kubelet probes from the node and the operator's traffic crosses the pod network.
 
 How: the test bed's operator processes run with their own group id (OPERATOR_GID;
 OperatorProcess starts them through `setpriv --regid`). A mangle-table chain marks packets
@@ -73,6 +73,12 @@ class Firewall:
         """The operator's connects to ip:port are answered with a reset: refused."""
         self._set(ip, ["-p", "tcp", "--dport", str(port), "-j", "REJECT",
                        "--reject-with", "tcp-reset"])
+
+    def silence(self, ip: str, port: int = PORT) -> None:
+        """The operator's connects to ip:port succeed (its SYN passes, the pod's SYN-ACK comes
+        back) but nothing it sends after arrives: the pod seems to accept the connection and
+        never answer, to the operator only."""
+        self._set(ip, ["-p", "tcp", "--dport", str(port), "!", "--syn", "-j", "DROP"])
 
     def allow(self, ip: str) -> None:
         """Lift what drop or reject set for ip."""
