@@ -1,7 +1,7 @@
 """Stall detection, the acting side: each round's /metrics readings go through stalls.py;
-canaries and /health checks run on threads of their own (one at a time per pod, each with its
-deadline), and verdicts reach the Remediator as engine_stalled or api_unresponsive incidents,
-with the same guards as log signatures.
+canaries and /health checks run on CHECK_WORKERS workers shared fairly between namespaces (one
+at a time per pod, each with its deadline), and verdicts reach the Remediator as engine_stalled
+or api_unresponsive incidents, with the same guards as log signatures.
 
 A canary is a 1-token completion with request id `vlm-operator-canary-*` (header X-Request-Id,
 user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request_success_total
@@ -20,6 +20,7 @@ import threading
 import time
 
 from vlm_operator import scrape, stalls
+from vlm_operator.fairpool import FairPool
 from vlm_operator.metrics import CANARIES, DETECTIONS
 from vlm_operator.podhttp import TIMEOUT
 from vlm_operator.remediator import Remediator
@@ -28,6 +29,8 @@ from vlm_operator.spec import VLMDeployment
 log = logging.getLogger(__name__)
 
 API_HEALTH_TIMEOUT_S = 5.0  # as the generated liveness probe's timeout
+CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly between
+# namespaces (fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
 def _ready(pod: dict) -> bool:
@@ -39,6 +42,7 @@ def _ready(pod: dict) -> bool:
 class StallWatch:
     def __init__(self, remediator: Remediator) -> None:
         self.remediator = remediator
+        self._pool = FairPool(CHECK_WORKERS, "check")
         self._lock = threading.Lock()
         # (namespace, name) -> pod uid -> progress, of running containers (canaries only for
         # ready ones); replaced whole every round
@@ -102,7 +106,7 @@ class StallWatch:
             self._progress[(vlmd.namespace, vlmd.name)] = {**pods, uid: progress}
             return progress, verdict
 
-    def _start(self, uid: str, check, *args) -> None:
+    def _start(self, uid: str, check, vlmd: VLMDeployment, *args) -> None:
         with self._lock:
             if uid in self._checking:
                 return
@@ -110,14 +114,15 @@ class StallWatch:
 
         def run() -> None:
             try:
-                check(*args)
+                check(vlmd, *args)
             except Exception:  # a check must never take the watch down
                 log.exception("stall check of %s failed", uid)
-            finally:
-                with self._lock:
-                    self._checking.discard(uid)
 
-        threading.Thread(target=run, daemon=True, name=f"check {uid[:8]}").start()
+        def done(_future) -> None:  # ran, failed, or dropped at shutdown
+            with self._lock:
+                self._checking.discard(uid)
+
+        self._pool.submit((vlmd.namespace, vlmd.name), run).add_done_callback(done)
 
     def _canary(self, vlmd: VLMDeployment, pod: dict, timeout_s: float) -> None:
         uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
