@@ -95,8 +95,8 @@ POD_READ_ERRORS = Counter("vlm_operator_pod_read_errors_total",
                           "(unreachable, timeout, too_large, redirect, bad_answer, http_error).",
                           [*_VLMD, "kind"])
 PODS_UNREACHABLE = Gauge("vlm_operator_pods_unreachable",
-                         "Running pods of the VLMDeployment the operator cannot connect to "
+                         "Ready pods of the VLMDeployment the operator cannot connect to "
                          "(PodsReachable=False).", _VLMD)
 PODS_UNREADABLE = Gauge("vlm_operator_pods_unreadable",
-                        "Running pods of the VLMDeployment that connect but whose /metrics "
+                        "Started pods of the VLMDeployment that connect but whose /metrics "
                         "answers fail (PodsReadable=False).", _VLMD)

@@ -3,11 +3,14 @@ conditions PodsReachable and PodsReadable, their Events, and the metrics
 vlm_operator_pod_read_errors_total{kind}, vlm_operator_pods_unreachable and
 vlm_operator_pods_unreadable (per VLMDeployment, never per pod).
 
-Fed by every round's /metrics reads (rounds.py), one per running pod per second:
-- PodsReachable=False (reason PodsUnreachable) names the pods the operator cannot connect to
-  (podhttp.UNREACHABLE: connect timed out, refused, reset). Nothing is done to those pods for
-  it: a NetworkPolicy that drops or rejects the operator's traffic while the kubelet's probes
-  still pass looks exactly like this. Stall detection and Builtin autoscaling cannot read them
+Fed by every round's /metrics reads (rounds.py), one per running pod per second, of the pods
+whose server started (the startup probe passed: a loading vLLM refuses connections for
+minutes, which is no news):
+- PodsReachable=False (reason PodsUnreachable) names the Ready pods the operator cannot connect
+  to (podhttp.UNREACHABLE: connect timed out, refused, reset): the kubelet's probes reach them,
+  the operator does not, which is what a NetworkPolicy that drops or rejects the operator's
+  traffic looks like (a pod that is not Ready and refuses is down, not cut off: not counted).
+  Nothing is done to those pods for it. Stall detection and Builtin autoscaling cannot read them
   meanwhile (their load counts as unknown).
 - PodsReadable=False names the pods that accept the connection but whose answers fail: a
   timeout, an answer over the cap, a redirect, a malformed answer or an HTTP error (the reason
@@ -26,8 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vlm_operator import scrape
+from vlm_operator.logfollow import container_status
 from vlm_operator.metrics import POD_READ_ERRORS, PODS_UNREACHABLE, PODS_UNREADABLE
 from vlm_operator.podhttp import BAD_ANSWER, REDIRECT, TIMEOUT, TOO_LARGE, UNREACHABLE
+from vlm_operator.stalls import ready
 from vlm_operator.status import Report
 
 ENTER, LEAVE = 3, 3
@@ -69,31 +74,31 @@ def _listing(states: list[PodState]) -> str:
     return text + (f" and {len(named) - NAMED} more" if len(named) > NAMED else "")
 
 
-def reports(states: list[PodState], running: int) -> list[Report]:
-    """The two conditions for a VLMDeployment's pod states; running: its running pods."""
+def reports(states: list[PodState], started: int) -> list[Report]:
+    """The two conditions for a VLMDeployment's pod states; started: its started pods."""
     unreachable = [s for s in states if s.kind == UNREACHABLE]
     unreadable = [s for s in states if s.kind not in (None, UNREACHABLE)]
     if unreachable:
         reachable = Report(REACHABLE, "False", "PodsUnreachable", (
-            f"the operator cannot connect to {len(unreachable)} of {running} running pods on "
-            f"port 8000: {_listing(unreachable)}. Nothing is done to them for it (the "
-            "kubelet's probes may well pass); stall detection and Builtin autoscaling cannot "
+            f"the operator cannot connect to {len(unreachable)} of {started} started pods on "
+            f"port 8000, which the kubelet's probes reach (Ready): {_listing(unreachable)}. "
+            "Nothing is done to them for it; stall detection and Builtin autoscaling cannot "
             "read them meanwhile. A NetworkPolicy that drops or rejects the operator's traffic "
             "does this: admit it (the chart's networkPolicy.enabled)"))
     else:
         reachable = Report(REACHABLE, "True", "PodsReachable",
-                           "the operator connects to every running pod")
+                           "the operator connects to every Ready pod")
     if unreadable:
         kinds = Counter(s.kind for s in unreadable)
         top = max(KINDS[1:], key=lambda k: (kinds[k], -KINDS.index(k)))
         readable = Report(READABLE, "False", REASONS[top], (
-            f"{len(unreadable)} of {running} running pods accept the operator's connection but "
+            f"{len(unreadable)} of {started} started pods accept the operator's connection but "
             f"their /metrics answers fail: {_listing(unreadable)}. Their load and progress are "
             "unknown meanwhile; redirects are never followed and answers are cut at "
             f"{scrape.METRICS_CAP} bytes and {scrape.METRICS_TIMEOUT_S:g} s"))
     else:
         readable = Report(READABLE, "True", "PodsReadable",
-                          "every reachable running pod's /metrics answers")
+                          "every started pod the operator reaches answers its /metrics")
     return [reachable, readable]
 
 
@@ -105,13 +110,14 @@ class PodReads:
     def __init__(self, refresh: Callable[[str, str], None] = lambda ns, name: None) -> None:
         self.refresh = refresh
         self._lock = threading.Lock()
-        self._states: dict[Key, dict[str, PodState]] = {}  # uid -> state, running pods only
+        self._states: dict[Key, dict[str, PodState]] = {}  # uid -> state, started pods only
 
     def observe(self, namespace: str, name: str, pods: list[dict],
                 scrapes: dict[str, scrape.Scrape]) -> None:
-        """One round: `scrapes` holds a reading for each running pod (scrape.Scraper); pods
-        without one, and readings that say nothing about the pod (BUSY, NO_IP), keep their
-        last state or are dropped when not running."""
+        """One round: `scrapes` holds a reading for each running pod (scrape.Scraper). Pods
+        not started (or not running) are dropped; readings that say nothing about the pod
+        (BUSY, NO_IP, or a refused connection to a pod that is not Ready) keep its last
+        state."""
         key = (namespace, name)
         for reading in scrapes.values():
             if reading.error in KINDS:
@@ -122,11 +128,13 @@ class PodReads:
             for pod in pods:
                 meta = pod["metadata"]
                 reading = scrapes.get(meta["name"])
-                if reading is None:
+                if reading is None or not _started(pod):
                     continue
                 prev = before.get(meta["uid"])
                 if reading.values is not None:
                     after[meta["uid"]] = observe(prev, meta["name"], None, "")
+                elif reading.error == UNREACHABLE and not ready(pod):
+                    after[meta["uid"]] = prev or PodState(meta["name"])  # down, not cut off
                 elif reading.error in KINDS:
                     after[meta["uid"]] = observe(prev, meta["name"], reading.error,
                                                  reading.detail)
@@ -164,6 +172,13 @@ class PodReads:
         for kind in KINDS:
             with contextlib.suppress(KeyError):
                 POD_READ_ERRORS.remove(namespace, name, kind)
+
+
+def _started(pod: dict) -> bool:
+    """The server's container runs and passed its startup probe (clusters that do not say so
+    count a running container as started)."""
+    status = container_status(pod)
+    return "running" in (status.get("state") or {}) and status.get("started", True) is not False
 
 
 def _published(states: dict[str, PodState]) -> list[tuple[str, str | None, str]]:

@@ -33,12 +33,6 @@ CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly
 # namespaces (fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
-def _ready(pod: dict) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or [])
-
-
 class StallWatch:
     def __init__(self, remediator: Remediator) -> None:
         self.remediator = remediator
@@ -82,7 +76,7 @@ class StallWatch:
                 after[uid] = progress
                 if reading.error == TIMEOUT and unresponsive["action"] != "Ignore":
                     due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
-                elif _ready(pod) and stalled["action"] != "Ignore" and stalls.canary_due(
+                elif stalls.ready(pod) and stalled["action"] != "Ignore" and stalls.canary_due(
                         progress, now, stalled["stallSeconds"],
                         stalled["canaryTimeoutSeconds"]):
                     due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))

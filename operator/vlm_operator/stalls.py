@@ -92,6 +92,14 @@ def after_health(p: Progress, metrics_timed_out: bool, health: str | None) -> Pr
     return replace(p, timeouts=0)
 
 
+def ready(pod: dict) -> bool:
+    """The kubelet's view: the pod's Ready condition is True (its readiness probe passes), for a
+    pod not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def not_ready(pod: dict) -> bool:
     """The kubelet's view: the pod's Ready condition is False (its readiness probe fails), for
     a pod not being deleted."""

@@ -16,8 +16,11 @@ TOO_LARGE = Scrape(error="too_large", detail="the answer is over 2097152 bytes")
 BUSY_READ = Scrape(error=BUSY, detail="its last read still runs")
 
 
-def pod(name):
-    return {"metadata": {"name": name, "uid": f"uid-{name}"}}
+def pod(name, ready=True, started=True):
+    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "vllm", "started": started,
+                               "state": {"running": {}}}]}}
 
 
 def by_type(items):
@@ -57,7 +60,7 @@ def test_reports_name_the_pods_and_what_happened():
     got = by_type(reports(states, 4))
     reach, read = got["PodsReachable"], got["PodsReadable"]
     assert (reach.status, reach.reason) == ("False", "PodsUnreachable")
-    assert "2 of 4 running pods" in reach.message
+    assert "2 of 4 started pods" in reach.message
     assert "a (connection refused), b (connect timed out after 1 s)" in reach.message
     assert "Nothing is done to them" in reach.message and "networkPolicy" in reach.message
     assert (read.status, read.reason) == ("False", "RedirectRefused")
@@ -101,6 +104,26 @@ def test_the_tracker_publishes_changes_only_and_counts_errors():
     reads.forget("t", "m")
     assert sample("vlm_operator_pods_unreachable") is None
     assert sample("vlm_operator_pod_read_errors_total", kind="unreachable") is None
+
+
+def test_loading_pods_and_pods_that_are_down_are_not_unreachable():
+    """A vLLM still loading refuses connections for minutes (its startup probe has not
+    passed): no news. A pod that is not Ready and refuses is down, not cut off from the
+    operator: the kubelet does not reach it either."""
+    reads = PodReads()
+    pods = [pod("loading", ready=False, started=False), pod("down", ready=False)]
+    for _ in range(ENTER + 1):
+        reads.observe("t", "n", pods, {"loading": REFUSED, "down": REFUSED})
+    reach = by_type(reads.reports("t", "n"))["PodsReachable"]
+    assert reach.status == "True", reach
+    assert "loading" not in reach.message
+    reads.observe("t", "n", [pod("down")], {"down": REFUSED})  # Ready: counted from now on
+    assert by_type(reads.reports("t", "n"))["PodsReachable"].status == "True"  # not yet 3
+    for _ in range(ENTER):
+        reads.observe("t", "n", [pod("down")], {"down": DROPPED})
+    assert "down (connect timed out" in by_type(reads.reports("t", "n"))[
+        "PodsReachable"].message
+    reads.forget("t", "n")
 
 
 def test_conditions_going_false_and_back_are_events():
