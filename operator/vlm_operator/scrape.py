@@ -20,7 +20,8 @@ Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 K
 buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
 per read, once a second per pod; the dozen samples it reads cost a small fraction of that
 (bench/results/scrape-cost.md). The lines are found by a regular expression over the bytes
-(no copy of the page per line), so a page at the cap costs a few milliseconds.
+(no copy of the page per line), and at most MAX_SAMPLE_LINES of them are parsed, so no page a
+pod can serve costs more than tens of milliseconds.
 """
 
 from __future__ import annotations
