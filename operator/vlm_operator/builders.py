@@ -63,6 +63,12 @@ def is_controlled_by(obj: dict, uid: str | None) -> bool:
                              for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
+def may_write(existing: dict | None, uid: str | None) -> bool:
+    """Whether the operator may apply a child over `existing` (None: nothing of that name):
+    only onto an object this VLMDeployment controls, never onto another app's."""
+    return existing is None or is_controlled_by(existing, uid)
+
+
 def _metadata(vlmd: VLMDeployment, name: str) -> dict:
     meta: dict[str, Any] = {"name": name, "namespace": vlmd.namespace,
                             "labels": get_labels(vlmd.name)}
@@ -285,14 +291,15 @@ def get_pvc(vlmd: VLMDeployment) -> dict | None:
 
 def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1",
                  hpa_api_version: str = "autoscaling/v2", keda: bool = True,
-                 surge: int = 0) -> list[dict]:
+                 surge: int = 0, prometheus_address: str | None = None) -> list[dict]:
     """Every object the VLMDeployment owns, in the order they should be applied.
 
     `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none); `surge`:
-    see get_deployment.
+    see get_deployment; `prometheus_address`: the Prometheus a ScaledObject queries
+    (policy.prometheus_address).
     """
     pvc = get_pvc(vlmd)
     scaling = autoscaling_builders.get_autoscaling_children(
-        vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda)
+        vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda, prometheus_address)
     return [*([pvc] if pvc else []), get_deployment(vlmd, surge), get_service(vlmd),
             get_pdb(vlmd, pdb_api_version), *scaling]

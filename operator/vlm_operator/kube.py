@@ -141,15 +141,15 @@ class Kube:
                 return None
             raise
 
-    def apply(self, obj: dict) -> tuple[dict | None, dict]:
-        """Server-side apply `obj`; returns (object before, object after)."""
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply `obj` (forcing our fields); returns the object after. Callers
+        check first that the object is theirs (reconciler.py): a forced apply takes over any
+        object of that name."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        before = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        after = self._call("PATCH", path, body=obj,
-                           query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                           content_type="application/apply-patch+yaml")
-        return before, after
+        return self._call("PATCH", path, body=obj,
+                          query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                          content_type="application/apply-patch+yaml")
 
     def get_vlmd(self, namespace: str, name: str) -> dict | None:
         return self.get(crd.API_VERSION, crd.KIND, namespace, name)

@@ -95,6 +95,14 @@ def get_shard(args: argparse.Namespace) -> Shard:
     return Shard(index, max(1, args.shards))
 
 
+def get_policy(args: argparse.Namespace) -> Policy:
+    """The admin's policy from `vlm-operator run`'s flags."""
+    return Policy(tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label,
+                  deny_code_options=args.deny_code_options,
+                  autoscaling_modes=tuple(args.autoscaling_modes or Policy.autoscaling_modes),
+                  prometheus_addresses=tuple(args.keda_prometheus_addresses))
+
+
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
     settings.peering.name = get_shard(args).peering(args.peering)
     settings.peering.priority = args.priority
@@ -149,8 +157,7 @@ def run(args: argparse.Namespace) -> int:
         api = _api_client()
         if not args.standalone:
             ensure_peering(api, peering_name, args.namespaces)
-        memo.reconciler = Reconciler(Kube(api), Policy(
-            tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label))
+        memo.reconciler = Reconciler(Kube(api), get_policy(args))
         watchdog = Watchdog()
         # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
         memo.cluster = ClusterCache(memo.reconciler.kube, args.namespaces, watchdog,

@@ -210,7 +210,7 @@ def test_service_selects_only_pods_in_service():
 
 
 def test_pdb():
-    pdb = builders.get_pdb(vlmd(health={"minAvailable": 2}))
+    pdb = builders.get_pdb(vlmd(replicas=2, health={"minAvailable": 2}))
     assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"] == builders.get_selector_labels("demo")
