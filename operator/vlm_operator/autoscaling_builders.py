@@ -158,16 +158,18 @@ def get_autoscaling_children(vlmd: VLMDeployment, metadata: dict, hpa_api_versio
     return []
 
 
-def get_unwanted(vlmd: VLMDeployment, hpa_api_version: str,
-                 keda: bool) -> list[tuple[str, str, str]]:
+def get_unwanted(vlmd: VLMDeployment, hpa_api_version: str, keda: bool,
+                 served: tuple[str, ...] = ("HPA", "KEDA")) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of autoscaling objects that must not exist (mode off/changed).
 
-    A ScaledObject makes its own HPA (keda-hpa-<name>), so in KEDA mode only ours goes.
+    A ScaledObject makes its own HPA (keda-hpa-<name>), so in KEDA mode only ours goes. Modes
+    this installation does not serve (`served`, policy.autoscaling_modes) never made any, and
+    its RBAC may not read them.
     """
     kind = wanted_kind(vlmd)
     out = []
-    if kind != HPA_KIND:
+    if kind != HPA_KIND and "HPA" in served:
         out.append((hpa_api_version, HPA_KIND, vlmd.name))
-    if kind != KEDA_KIND and keda:
+    if kind != KEDA_KIND and keda and "KEDA" in served:
         out.append((KEDA_API_VERSION, KEDA_KIND, vlmd.name))
     return out

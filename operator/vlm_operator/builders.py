@@ -28,15 +28,20 @@ STARTUP_FAILURE_THRESHOLD = 180
 
 
 def get_selector_labels(name: str) -> dict[str, str]:
+    """What selects the pods of VLMDeployment `name` (Service, PodDisruptionBudget, the scale
+    subresource's selector, the operator's own lists): managed-by too, so pods of other apps
+    labelled like ours are not selected. Labels alone prove nothing (anyone may set them): the
+    operator acts only on pods whose owner chain leads to it (Kube.list_pods)."""
     return {
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": MANAGER,
     }
 
 
 def get_labels(name: str) -> dict[str, str]:
-    return {**get_selector_labels(name), "app.kubernetes.io/managed-by": MANAGER}
+    return get_selector_labels(name)
 
 
 def get_selector(name: str) -> str:
@@ -57,10 +62,25 @@ def get_owner_references(vlmd: VLMDeployment) -> list[dict]:
     }]
 
 
+def controller_of(obj: dict) -> dict | None:
+    """`obj`'s controller ownerReference, if it has one."""
+    return next((ref for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                 if ref.get("controller")), None)
+
+
 def is_controlled_by(obj: dict, uid: str | None) -> bool:
     """Whether `obj`'s controller ownerReference is the VLMDeployment with `uid`."""
-    return bool(uid) and any(ref.get("controller") and ref.get("uid") == uid
-                             for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    return bool(uid) and (controller_of(obj) or {}).get("uid") == uid
+
+
+def keep_selector(child: dict, existing: dict | None) -> dict:
+    """A Deployment's selector cannot change: one made with an older selector keeps it."""
+    if child["kind"] != "Deployment" or existing is None:
+        return child
+    selector = (existing.get("spec") or {}).get("selector")
+    if not selector or selector == child["spec"]["selector"]:
+        return child
+    return {**child, "spec": {**child["spec"], "selector": selector}}
 
 
 def may_write(existing: dict | None, uid: str | None) -> bool:

@@ -179,7 +179,7 @@ class Reconciler:
                 if not builders.may_write(before, vlmd.uid):
                     foreign.append(f"{kind} {child_name}")
                     continue
-                after = self.kube.apply(child)
+                after = self.kube.apply(builders.keep_selector(child, before))
             except ApiException as exc:
                 exc.child = f"{kind} {child_name}"
                 log.warning("%s/%s: applying %s failed: %s %s", vlmd.namespace, vlmd.name,
@@ -218,8 +218,9 @@ class Reconciler:
     def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
         """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
         the same name that is not ours (another controller's, a user's) stays."""
+        served = (self.rules or policy.Policy()).autoscaling_modes
         for api_version, kind, child_name in autoscaling_builders.get_unwanted(
-                vlmd, hpa_version, keda):
+                vlmd, hpa_version, keda, served):
             obj = self.kube.get(api_version, kind, vlmd.namespace, child_name)
             if obj is None or not builders.is_controlled_by(obj, vlmd.uid):
                 continue

@@ -13,6 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
+from vlm_operator import metrics
 from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.cluster_cache import ClusterCache
 from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
                         StallWatch(memo.logwatch.remediator), memo.autoscaler)
         memo.periodic = Periodic(
-            tick=rounds.tick, forget=rounds.forget,
+            tick=rounds.tick, forget=rounds.forget, sweep=metrics.keep_only,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
             may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:

@@ -430,6 +430,8 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
         "Deployment", "Service", "PodDisruptionBudget"]
     assert {k for _, k, _ in ab.get_unwanted(obj, "autoscaling/v2", True)} == {
         "HorizontalPodAutoscaler", "ScaledObject"}
+    # a mode the installation does not serve made nothing, and its RBAC may not read them
+    assert ab.get_unwanted(obj, "autoscaling/v2", True, served=("Builtin",)) == []
 
 
 # ---------------------------------------------------------------- reading a pod's /metrics

@@ -162,9 +162,26 @@ def test_labels_selector_and_scrape_annotations():
     assert template["annotations"] == {"prometheus.io/scrape": "true",
                                        "prometheus.io/port": "8000",
                                        "prometheus.io/path": "/metrics"}
+    # managed-by selects too: other apps' pods labelled like ours are not selected
     assert builders.get_selector("demo") == (
         "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
-        "app.kubernetes.io/component=engine")
+        "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=vlm-operator")
+    assert builders.get_service(vlmd())["spec"]["selector"] == {
+        **labels, builders.IN_SERVICE_LABEL: "true"}
+    assert builders.get_pdb(vlmd())["spec"]["selector"]["matchLabels"] == labels
+
+
+def test_a_deployment_keeps_the_selector_it_was_made_with():
+    """A Deployment's selector is immutable: one made before the selector gained managed-by
+    keeps its own (applying another is refused with 422); a new one gets today's."""
+    dep = builders.get_deployment(vlmd())
+    old = {"spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": "demo"}}}}
+    kept = builders.keep_selector(dep, old)
+    assert kept["spec"]["selector"] == old["spec"]["selector"]
+    assert kept["spec"]["template"] == dep["spec"]["template"]
+    assert builders.keep_selector(dep, None) == dep
+    svc = builders.get_service(vlmd())
+    assert builders.keep_selector(svc, old) == svc
 
 
 def test_security_context_without_privileges():

@@ -115,3 +115,22 @@ def test_a_paused_replica_neither_scales_nor_resyncs(calls):
         wait_until(lambda: "x" in calls.ticks and "x" in calls.resyncs)
     finally:
         p.stop()
+
+
+def test_series_of_untracked_vlmdeployments_are_dropped_each_resync(calls):
+    """The operator's per-VLMDeployment series go with their object: at once when it is
+    deleted (handlers.py), and at every resync for any a late round wrote afterwards."""
+    from vlm_operator import metrics
+
+    metrics.DETECTIONS.labels("team", "kept", "engine_dead").inc()
+    metrics.AUTOSCALER_READY.labels("team", "gone", "ready").set(2)
+    metrics.REMEDIATIONS.labels("team", "gone", "Restart").inc()
+    periodic = start(calls, sweep=metrics.keep_only)
+    try:
+        periodic.track(body("kept"))
+        wait_until(lambda: ("team", "gone") not in metrics.vlmds_with_series())
+        assert ("team", "kept") in metrics.vlmds_with_series()
+        metrics.forget_vlmd("team", "kept")
+        assert not {("team", "kept"), ("team", "gone")} & metrics.vlmds_with_series()
+    finally:
+        periodic.stop()
