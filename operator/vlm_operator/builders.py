@@ -22,6 +22,9 @@ SURGE_ANNOTATION = "serving.vlm-operator.dev/surge"
 # Pods whose label is "false" are out of the Service (draining) but still owned by the Deployment.
 IN_SERVICE_LABEL = f"{crd.GROUP}/in-service"
 RUN_AS_USER = 10001  # the uid of images/vllm (any non-root uid works: HOME is a volume)
+# vLLM has an allow-list of media hosts but no "none": a name under .invalid (RFC 2606), which
+# never resolves and no URL can name by accident, allows no http(s) media URL at all.
+NO_MEDIA_HOST = "media-urls-disabled.invalid"
 # Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 180
@@ -117,7 +120,19 @@ def get_vllm_args(vlmd: VLMDeployment) -> list[str]:
         args += ["--mm-processor-kwargs", _json(engine["mmProcessorKwargs"])]
     if versions.has_flag(vlmd.version, "--renderer-num-workers"):
         args += ["--renderer-num-workers", str(spec["rendererNumWorkers"])]
+    domains = get_media_domains(vlmd)
+    if domains is not None:
+        args += ["--allowed-media-domains", *domains]
     return args + list(engine.get("extraArgs") or [])
+
+
+def get_media_domains(vlmd: VLMDeployment) -> list[str] | None:
+    """The hosts the engine may fetch media URLs from; None: any (["*"] in the spec). A pod
+    fetches what requests name from inside the cluster, so by default no host at all."""
+    domains = vlmd.spec["vllm"].get("allowedMediaDomains") or []
+    if domains == ["*"]:
+        return None
+    return list(domains) or [NO_MEDIA_HOST]
 
 
 def _json(value: Any) -> str:
@@ -131,6 +146,8 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
     ]
+    if get_media_domains(vlmd) is not None:  # a redirect would leave the allowed hosts
+        env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
     token = spec.get("hfTokenSecretRef")
     if token:
         env.append({"name": "HF_TOKEN", "valueFrom": {

@@ -33,6 +33,7 @@ MANAGED_FLAGS = {
     "--limit-mm-per-prompt": "set spec.vllm.limitMmPerPrompt instead",
     "--mm-processor-kwargs": "set spec.vllm.mmProcessorKwargs instead",
     "--renderer-num-workers": "set spec.rendererNumWorkers instead",
+    "--allowed-media-domains": "set spec.vllm.allowedMediaDomains instead",
     "--hf-token": "use spec.hfTokenSecretRef: a token on the command line is visible to "
                   "anyone who can read the pod",
 }
@@ -44,6 +45,7 @@ MANAGED_ENV = {
     "HUGGING_FACE_HUB_TOKEN": "spec.hfTokenSecretRef",
     "HF_HOME": "spec.modelCache.mountPath",
     "HOME": "the operator",
+    "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "spec.vllm.allowedMediaDomains",
 }
 # The HorizontalPodAutoscaler API (and so KEDA's) refuses stabilization windows over an hour.
 HPA_MAX_WINDOW_S = 3600
@@ -216,6 +218,10 @@ def _engine_problems(spec: dict) -> list[str]:
         if flag in MANAGED_FLAGS:
             problems.append(f"spec.vllm.extraArgs[{i}]: {flag} is managed by the operator: "
                             f"{MANAGED_FLAGS[flag]}")
+    domains = engine.get("allowedMediaDomains")
+    if isinstance(domains, list) and "*" in domains and len(domains) > 1:
+        problems.append("spec.vllm.allowedMediaDomains: \"*\" allows any host and must be the "
+                        "only entry")
     problems += _env_problems(engine.get("env"))
     return problems
 

@@ -58,7 +58,7 @@ def test_create_builds_owned_children_and_status(api, ns):
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert obj["status"]["selector"] == (
         "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=alpha,"
-        "app.kubernetes.io/component=engine")
+        "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=vlm-operator")
     assert condition(obj, "SpecValid")["status"] == "True"
     assert condition(obj, "Ready")["status"] == "False"  # no node: pods stay Pending
     created = wait_for("Created events", lambda: len(events(api, ns, "alpha", "Created")) >= 3

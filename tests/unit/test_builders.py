@@ -289,3 +289,26 @@ def test_surge_adds_replicas_and_says_so_on_the_deployment():
     stopped = builders.get_deployment(vlmd(replicas=0), surge=1)  # scaled to zero: no surge
     assert stopped["spec"]["replicas"] == 0
     assert "annotations" not in stopped["metadata"]
+
+
+def test_media_urls_are_fetched_only_from_allowed_hosts():
+    """A request's image URL is fetched by the pod from inside the cluster: by default no host
+    is allowed (data: URLs still work), so requests cannot reach cluster-internal services or
+    cloud metadata; listed hosts are allowed without redirects; "*" is vLLM's own default."""
+    def engine(**vllm):
+        obj = vlmd(vllm=vllm)
+        args, env = builders.get_vllm_args(obj), {e["name"]: e.get("value")
+                                                 for e in builders.get_env(obj)}
+        return args, env
+
+    args, env = engine()
+    i = args.index("--allowed-media-domains")
+    assert args[i + 1] == builders.NO_MEDIA_HOST and args[i + 2:i + 3] != [builders.NO_MEDIA_HOST]
+    assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    args, env = engine(allowedMediaDomains=["images.example.com", "cdn.example.com"],
+                       extraArgs=["--enforce-eager"])
+    assert args[-4:] == ["--allowed-media-domains", "images.example.com", "cdn.example.com",
+                         "--enforce-eager"]
+    assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    args, env = engine(allowedMediaDomains=["*"])
+    assert "--allowed-media-domains" not in args and "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in env

@@ -149,6 +149,13 @@ def test_missing_spec():
         "query": 'sum(x{namespace="ml"}) + sum(y{namespace=~"ml|other"})'}}},
      'spec.autoscaling.prometheus.query: every selector must carry namespace="ml" (an '
      "equality matcher) so the query reads only this namespace's series; y does not"),
+    ({"vllm": {"allowedMediaDomains": ["*", "images.example.com"]}},
+     'spec.vllm.allowedMediaDomains: "*" allows any host and must be the only entry'),
+    ({"vllm": {"allowedMediaDomains": ["http://images.example.com"]}},
+     "spec.vllm.allowedMediaDomains[0]: 'http://images.example.com' does not match"),
+    ({"vllm": {"extraArgs": ["--allowed-media-domains", "x.example.com"]}},
+     "spec.vllm.extraArgs[0]: --allowed-media-domains is managed by the operator: set "
+     "spec.vllm.allowedMediaDomains instead"),
     ({"replicas": 1, "health": {"minAvailable": 2}},
      "spec.health.minAvailable: 2 is more than spec.replicas (1)"),
     ({"health": {"minAvailable": 1000000}},
