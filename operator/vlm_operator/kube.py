@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _PLURALS = {
     "Deployment": "deployments",
+    "ReplicaSet": "replicasets",
     "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",

@@ -133,5 +133,7 @@ def test_only_pods_whose_owner_chain_leads_to_the_vlmdeployment_are_ours():
             thing("old", "p6", ref("ReplicaSet", "m-abc", "rs-old"),
                   **{"app.kubernetes.io/instance": "m"})]
     assert k.owned_pods(pods) == [ours]
+    assert kube.object_path("apps/v1", "ReplicaSet", "ns", "m-abc") == \
+        "/apis/apps/v1/namespaces/ns/replicasets/m-abc"
     reads = len(k.reads)
     assert k.owned_pods([ours]) == [ours] and len(k.reads) == reads  # remembered by uid
