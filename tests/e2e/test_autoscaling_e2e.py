@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 from kube_helpers import (
+    SESSION_KEDA_PROMETHEUS,
     condition,
     cr,
     create,
@@ -138,9 +139,18 @@ def test_hpa_and_keda_children(api, ns):
     assert h["spec"]["maxReplicas"] == 4
     assert h["metadata"]["ownerReferences"][0]["name"] == "as-h"
 
-    # KEDA mode without KEDA: the HPA goes, a condition says why nothing replaces it
+    # a Prometheus of the tenant's choosing is refused: KEDA would query it from its own
+    # network position; nothing changes meanwhile
     patch_cr(api, ns, "as-h", {"autoscaling": {
-        "mode": "KEDA", "prometheus": {"serverAddress": "http://prometheus:9090"}}})
+        "mode": "KEDA", "prometheus": {"serverAddress": "http://169.254.169.254/latest"}}})
+    refused = wait_for("refused", lambda: (c := condition(get_cr(api, ns, "as-h"), "SpecValid"))
+                       and c["status"] == "False" and c)
+    assert refused["message"].startswith("spec.autoscaling.prometheus.serverAddress: "
+                                         "'http://169.254.169.254/latest' is not a Prometheus")
+    assert hpa(api, ns, "as-h")
+    # KEDA mode without KEDA: the HPA goes, a condition says why nothing replaces it; the
+    # Prometheus is the one the admin configured (conftest: the session operator's flag)
+    patch_cr(api, ns, "as-h", {"autoscaling": {"prometheus": {"serverAddress": None}}})
     obj = wait_for("KEDANotInstalled", lambda: (o := get_cr(api, ns, "as-h")) and
                    (c := condition(o, "AutoscalerReady")) and c["reason"] == "KEDANotInstalled"
                    and o)
@@ -159,10 +169,11 @@ def test_hpa_and_keda_children(api, ns):
             return scaled_object(api, ns, "as-h")
         so = wait_for("ScaledObject", created, timeout=60, interval=2)
         assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
-        trigger = so["spec"]["triggers"][0]
-        assert trigger["type"] == "prometheus"
-        assert trigger["metadata"]["serverAddress"] == "http://prometheus:9090"
+        trigger, kv = so["spec"]["triggers"]
+        assert trigger["type"] == kv["type"] == "prometheus"
+        assert trigger["metadata"]["serverAddress"] == SESSION_KEDA_PROMETHEUS
         assert trigger["metadata"]["query"].startswith("sum(vllm:num_requests_waiting{")
+        assert kv["metadata"]["query"].startswith("sum(vllm:kv_cache_usage_perc{")
         wait_for("AutoscalerReady=True", lambda: (c := condition(
             get_cr(api, ns, "as-h"), "AutoscalerReady")) and c["status"] == "True")
         patch_cr(api, ns, "as-h", {"autoscaling": {"enabled": False}})
