@@ -111,6 +111,16 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def existing_service(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
+    assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
+    assert "Service row" in seen.notes["degraded"]["message"]
+    assert seen.events["ObjectNotOwned"] == 1
+    assert seen.notes["service_kept"], "the other app's Service was changed"
+    assert seen.notes["service_owners"] == []
+    assert seen.notes["service_selector"] == {"app": "their-app"}
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -121,7 +131,7 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once,
+    "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
 }
 
 
