@@ -8,7 +8,7 @@ import logging
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import crd, metrics
+from vlm_operator import crd
 from vlm_operator.metrics import RECONCILES
 from vlm_operator.reconciler import owner_name
 
@@ -61,7 +61,6 @@ async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
         return
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         memo.periodic.untrack(meta["namespace"], meta["name"])
-        metrics.forget_vlmd(meta["namespace"], meta["name"])
     else:
         memo.periodic.track(obj)
 

@@ -155,6 +155,8 @@ class Periodic:
                 tracked = key in self._bodies
             if tracked:
                 self.watchdog.beat(round_loop(*key), self.round_s)
+            else:  # it went while this round ran: drop what the round kept or wrote again
+                self._forget(*key)
 
     def _failed(self, key: Key, exc: Exception) -> None:
         with self._lock:

@@ -179,8 +179,13 @@ def run(args: argparse.Namespace) -> int:
         memo.scraper = Scraper()
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
                         StallWatch(memo.logwatch.remediator), memo.autoscaler)
+        def forget(namespace: str, name: str) -> None:
+            """The VLMDeployment is gone (or another shard's): its round state and series."""
+            rounds.forget(namespace, name)
+            metrics.forget_vlmd(namespace, name)
+
         memo.periodic = Periodic(
-            tick=rounds.tick, forget=rounds.forget, sweep=metrics.keep_only,
+            tick=rounds.tick, forget=forget, sweep=metrics.keep_only,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
             may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:

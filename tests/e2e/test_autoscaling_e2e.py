@@ -229,3 +229,21 @@ def test_the_same_queue_scales_further_when_requests_carry_images(api, ns, clust
         # status.autoscaling is written just after the replicas: wait for that round's record
         wait_for("the ScaleUp decision in status", lambda: get_cr(api, ns, "as-mm")["status"][
             "autoscaling"]["reason"].startswith("ScaleUp"), timeout=5, interval=0.05)
+
+
+def test_series_go_with_their_vlmdeployment(api, ns, operator):
+    """Per-VLMDeployment series of the operator's /metrics are removed when the VLMDeployment
+    is deleted: with objects that come and go they would otherwise pile up for ever."""
+    from kube_helpers import delete_cr
+
+    def series():
+        return [line for line in operator.metrics().splitlines()
+                if f'vlmdeployment_namespace="{ns}"' in line and not line.startswith("#")]
+
+    create(api, ns, cr("as-gone", autoscaling=scaling()))  # no node: its pod stays Pending
+    wait_for("its autoscaler series", lambda: any(
+        "vlm_operator_autoscaler_desired_replicas" in line for line in series()), timeout=30)
+    delete_cr(api, ns, "as-gone")
+    wait_for("no series left", lambda: not series(), timeout=30)
+    time.sleep(3)  # a round still running when it went writes nothing back
+    assert series() == []

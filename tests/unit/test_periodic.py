@@ -134,3 +134,26 @@ def test_series_of_untracked_vlmdeployments_are_dropped_each_resync(calls):
         assert not {("team", "kept"), ("team", "gone")} & metrics.vlmds_with_series()
     finally:
         periodic.stop()
+
+
+def test_a_round_still_running_when_its_object_goes_is_forgotten_after_it():
+    """What a round keeps or writes (state, series) after its VLMDeployment was untracked is
+    dropped when that round ends, not left for ever."""
+    started, release, forgotten = threading.Event(), threading.Event(), []
+
+    def tick(b):
+        started.set()
+        release.wait(5)
+
+    periodic = Periodic(tick=tick, resync=lambda ns, name: None,
+                        forget=lambda ns, name: forgotten.append(name), round_s=0.02,
+                        resync_s=60).start()
+    try:
+        periodic.track(body("late"))
+        assert started.wait(5)
+        periodic.untrack("team", "late")
+        assert forgotten == ["late"]
+        release.set()
+        wait_until(lambda: forgotten == ["late", "late"])
+    finally:
+        periodic.stop()
