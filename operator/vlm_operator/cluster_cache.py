@@ -290,17 +290,19 @@ class ClusterCache:
         return nodes, autoscaling.free_by_node(nodes, self._gpu_pods().values())
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        """Managed pods of `namespace` matching an equality `selector`, as Kube.list_pods
-        (rounds.py reads these every second); raises Stale."""
+        """Managed pods of `namespace` matching an equality `selector` whose owner chain leads
+        to the operator, as Kube.list_pods (rounds.py reads these every second); raises
+        Stale."""
         wanted = _labels(selector)
         pods = self._managed(namespace).indexed(
             (namespace, wanted.get("app.kubernetes.io/instance", "")))
-        return [p for p in pods if all((p["metadata"].get("labels") or {}).get(k) == v
-                                       for k, v in wanted.items())]
+        return self.kube.owned_pods([p for p in pods if all(
+            (p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())])
 
     def has_pods(self, namespace: str, name: str) -> bool | None:
-        """Whether the VLMDeployment `name` has managed pods, without waiting and without a
-        request: None while the cache cannot say (not listed yet, or stale)."""
+        """Whether the VLMDeployment `name` has pods labelled as its (list_pods then checks
+        their owners), without waiting and without a request: None while the cache cannot say
+        (not listed yet, or stale)."""
         try:
             return bool(self._managed(namespace).indexed((namespace, name), wait=False))
         except Stale:

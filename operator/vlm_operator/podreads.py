@@ -22,7 +22,6 @@ and an Event). Pure functions decide; `PodReads` holds the state.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -163,15 +162,10 @@ class PodReads:
         return reports(states, len(states))
 
     def forget(self, namespace: str, name: str) -> None:
-        """The VLMDeployment is gone (or no longer this replica's): its state and series."""
+        """The VLMDeployment is gone (or no longer this replica's); its metric series go with
+        metrics.forget_vlmd."""
         with self._lock:
             self._states.pop((namespace, name), None)
-        for gauge in (PODS_UNREACHABLE, PODS_UNREADABLE):
-            with contextlib.suppress(KeyError):
-                gauge.remove(namespace, name)
-        for kind in KINDS:
-            with contextlib.suppress(KeyError):
-                POD_READ_ERRORS.remove(namespace, name, kind)
 
 
 def _started(pod: dict) -> bool:

@@ -113,6 +113,16 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def existing_service(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
+    assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
+    assert "Service row" in seen.notes["degraded"]["message"]
+    assert seen.events["ObjectNotOwned"] == 1
+    assert seen.notes["service_kept"], "the other app's Service was changed"
+    assert seen.notes["service_owners"] == []
+    assert seen.notes["service_selector"] == {"app": "their-app"}
+
+
 def unreachable(detail):
     """Nothing done to the pod; status, an Event and the metrics say why it is not read."""
     def check(seen: Observed) -> None:
@@ -162,7 +172,7 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once,
+    "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
     "unreachable-drop": unreachable("connect timed out"),
     "unreachable-reject": unreachable("connection refused"),
     "hostile-tenant": hostile_tenant,

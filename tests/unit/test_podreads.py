@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from vlm_operator import status
+from vlm_operator import metrics, status
 from vlm_operator.podreads import ENTER, LEAVE, PodReads, PodState, observe, reports
 from vlm_operator.scrape import BUSY, Scrape
 
@@ -83,7 +83,7 @@ def sample(name, **labels):
 def test_the_tracker_publishes_changes_only_and_counts_errors():
     refreshed = []
     reads = PodReads(lambda ns, name: refreshed.append((ns, name)))
-    reads.forget("t", "m")  # series of an earlier test
+    metrics.forget_vlmd("t", "m")  # series of an earlier test
     pods = [pod("a"), pod("b")]
     for _ in range(ENTER):
         reads.observe("t", "m", pods, {"a": REFUSED, "b": OK})
@@ -101,7 +101,7 @@ def test_the_tracker_publishes_changes_only_and_counts_errors():
     reads.observe("t", "m", [], {})  # the pods went: state cleared, published
     assert len(refreshed) == 3 and not reads.tracks("t", "m")
     assert sample("vlm_operator_pods_unreachable") == 0
-    reads.forget("t", "m")
+    metrics.forget_vlmd("t", "m")  # the VLMDeployment went: its series go with it
     assert sample("vlm_operator_pods_unreachable") is None
     assert sample("vlm_operator_pod_read_errors_total", kind="unreachable") is None
 
