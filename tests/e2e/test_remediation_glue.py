@@ -179,24 +179,6 @@ def test_a_drain_waits_out_unreadable_metrics(api, kube, namespace, made, metric
     assert pod_names(api, namespace) == ["fine"]
 
 
-def test_a_drain_waits_for_a_pod_whose_metrics_are_refused(api, kube, namespace, made):
-    """Nothing accepts the connection to the draining pod's /metrics (a CNI rejecting the
-    operator, or no server): that says nothing about the requests in flight, so the drain
-    waits to its limit as for an unreadable pod; whether the container runs is read from the
-    pod's status, which says it does."""
-    vlmd(api, namespace, replicas=2, **SLOW)
-    sick = pod(api, namespace, "sick", ip="127.77.250.3")  # nothing listens there
-    pod(api, namespace, "fine")
-    rem = Remediator(kube, lambda ns, name: None, drain_timeout_s=8).start()
-    made.append(rem)
-    rem.incident(namespace, "glue", storm(sick, "sick"))
-    time.sleep(4)  # past DRAIN_MIN_S, several steps with the connection refused
-    assert "sick" in pod_names(api, namespace), "deleted as drained: refused read as zero"
-    wait_for("deleted at the drain limit", lambda: "sick" not in pod_names(api, namespace),
-             timeout=30)
-    assert events(api, namespace, "glue", "DrainTimedOut")
-
-
 def test_a_drained_pod_goes_at_once(api, kube, namespace, made, metrics_server):
     vlmd(api, namespace, replicas=2, **SLOW)
     idle = metrics_server(running=0)
