@@ -234,8 +234,10 @@ def _spec() -> s.Schema:
                     ),
                     "apiUnresponsive": s.obj(
                         "An API server that no longer answers (its event loop blocked): the "
-                        "operator's /metrics read and then a /health check (5 s) both time out. "
-                        "Reported apart from engineStalled.",
+                        "operator's /metrics read and then a /health check (5 s) both time out "
+                        "on connections the pod accepted, and the kubelet agrees (the pod is not "
+                        "Ready). A pod the operator cannot connect to is never acted on "
+                        "(PodsReachable). Reported apart from engineStalled.",
                         {
                             "timeouts": s.integer(
                                 "Consecutive checks where both timed out that trigger the "

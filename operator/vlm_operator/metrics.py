@@ -83,10 +83,24 @@ LOOP_ROUND_AGE = Gauge("vlm_operator_loop_seconds_since_round",
 LOOP_STALLED = Gauge("vlm_operator_loop_stalled",
                      "1 while a loop has not completed a round in the watchdog's factor times "
                      "its period.", ["loop"])
+ROUNDS = Counter("vlm_operator_rounds_total",
+                 "VLMDeployment rounds run (stall detection, Builtin autoscaling); a "
+                 "VLMDeployment with nothing to read or decide (no pods) has none.")
 ROUNDS_STALLED = Gauge("vlm_operator_rounds_stalled",
                        "VLMDeployments whose once-a-second round has not completed in the "
                        "watchdog's factor times its period.")
 
+# Reading tenants' pods (podreads.py): per VLMDeployment and kind of error, never per pod.
+POD_READ_ERRORS = Counter("vlm_operator_pod_read_errors_total",
+                          "Rounds' /metrics reads of managed pods that failed, by kind "
+                          "(unreachable, timeout, too_large, redirect, bad_answer, http_error).",
+                          [*_VLMD, "kind"])
+PODS_UNREACHABLE = Gauge("vlm_operator_pods_unreachable",
+                         "Ready pods of the VLMDeployment the operator cannot connect to "
+                         "(PodsReachable=False).", _VLMD)
+PODS_UNREADABLE = Gauge("vlm_operator_pods_unreadable",
+                        "Started pods of the VLMDeployment that connect but whose /metrics "
+                        "answers fail (PodsReadable=False).", _VLMD)
 
 def _labelled_by_vlmd() -> list[MetricWrapperBase]:
     return [m for m in globals().values() if isinstance(m, MetricWrapperBase)

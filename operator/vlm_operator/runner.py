@@ -20,6 +20,7 @@ from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_conn
 from vlm_operator.logwatch import LogWatch
 from vlm_operator.peering import Peering, get_identity
 from vlm_operator.periodic import Periodic
+from vlm_operator.podreads import PodReads
 from vlm_operator.policy import Policy
 from vlm_operator.reconciler import Reconciler
 from vlm_operator.rounds import Rounds
@@ -177,15 +178,18 @@ def run(args: argparse.Namespace) -> int:
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()
+        reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
+        memo.reconciler.report_providers.append(reads.reports)
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        StallWatch(memo.logwatch.remediator), memo.autoscaler)
+                        StallWatch(memo.logwatch.remediator), memo.autoscaler, reads)
+
         def forget(namespace: str, name: str) -> None:
             """The VLMDeployment is gone (or another shard's): its round state and series."""
             rounds.forget(namespace, name)
             metrics.forget_vlmd(namespace, name)
 
         memo.periodic = Periodic(
-            tick=rounds.tick, forget=forget, sweep=metrics.keep_only,
+            tick=rounds.tick, forget=forget, due=rounds.due, sweep=metrics.keep_only,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
             may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import yaml
 from kube_helpers import SESSION_NS_PREFIX
 
+from vlm_testbed.chart import CHART
 from vlm_testbed.failure_matrix import ROWS, Bed, Observed
 
 
@@ -121,6 +123,45 @@ def existing_service(seen: Observed) -> None:
     assert seen.notes["service_selector"] == {"app": "their-app"}
 
 
+def unreachable(detail):
+    """Nothing done to the pod; status, an Event and the metrics say why it is not read."""
+    def check(seen: Observed) -> None:
+        assert seen.touched == [] and seen.lowest_ready == 1, "the pod was touched"
+        assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
+                    "RemediationSkipped"} & set(seen.events), seen.events
+        assert seen.notes["last_remediation"] is None
+        condition = seen.notes["condition"]
+        assert (condition["status"], condition["reason"]) == ("False", "PodsUnreachable")
+        assert f"{seen.notes['pod']} ({detail}" in condition["message"], condition
+        assert seen.events["PodsUnreachable"] == 1, seen.events
+        assert seen.notes["pods_unreachable"] == 1 and seen.notes["read_errors"] >= 3
+        assert seen.notes["reachable_again"], "still unreachable once the firewall lifted"
+        assert seen.notes["events_after"].get("PodsReachable") == 1, "no Event when it cleared"
+    return check
+
+
+def memory_limit_mib() -> float:
+    """The operator's memory limit in the chart's values (a Mi quantity)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    limit = values["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi"), limit
+    return float(limit[:-2])
+
+
+def hostile_tenant(seen: Observed) -> None:
+    dead(1)(seen)  # the other tenant's engine death, acted on as usual
+    assert seen.notes["redirect_target_requests"] == [], "a redirect was followed"
+    assert seen.notes["peak_rss_mib"] < memory_limit_mib(), seen.notes
+    reasons = {"redirect": "RedirectRefused", "huge": "AnswerTooLarge", "drip": "ReadTimeout"}
+    for mode, hostile in seen.notes["hostile"].items():
+        assert hostile["touched"] == [], f"{mode}: a hostile pod was acted on"
+        assert (hostile["readable"]["status"], hostile["readable"]["reason"]) == (
+            "False", reasons[mode]), hostile["readable"]
+        assert hostile["read_errors"] >= 2, hostile
+        assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted"} & set(
+            hostile["events"]), hostile["events"]
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -132,6 +173,9 @@ CHECKS = {
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
     "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
+    "unreachable-drop": unreachable("connect timed out"),
+    "unreachable-reject": unreachable("connection refused"),
+    "hostile-tenant": hostile_tenant,
 }
 
 
@@ -144,6 +188,7 @@ def test_failure_mode(row, api, cluster, operator):
     # rows with operators of their own stay out of the session operator's namespaces
     prefix = "e2e-solo-" if row.own_operator else SESSION_NS_PREFIX
     with Bed.new(api, cluster.kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}") as bed:
+        bed.watcher = None if row.own_operator else operator
         try:
             seen = row.run(bed, None)
         except BaseException:

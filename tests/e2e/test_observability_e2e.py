@@ -181,6 +181,7 @@ def alert_expectations(s: Scenario) -> dict[str, tuple[list[dict], str | None]]:
         "VLMDeploymentDegraded": ([s.vlmd], None),
         "VLMEngineUnpatched": ([s.vlmd], None),
         "VLMAutoscalerScrapeErrors": ([s.vlmd], None),
+        "VLMPodsUnreachable": ([], f'vlm_operator_pods_unreachable{{job="{s.job}"}}'),
         "VLMOperatorActionsFailing": ([{"reason": "ApplyFailed"}], None),
     }
 

@@ -33,6 +33,7 @@ VARIANTS = {
     "standalone": ["--set", "peering.standalone=true"],
     "sharded": ["--set", "shards=3"],
     "sharded-namespaced": ["--set", "shards=2,watchNamespaces={team-a,team-b}"],
+    "network-policy": ["--set", "networkPolicy.enabled=true,watchNamespaces={team-a,team-b}"],
     "policy": ["--set", "watchNamespaces={team-a},policy.allowedImagePrefixes={reg.example/vllm/},"
                         "policy.allowedPriorityClasses={gpu-a,gpu-b},"
                         "policy.secretLabel=vlm-operator.dev/referable=true"],
@@ -230,12 +231,46 @@ def test_helm_test_pod_curls_the_metrics_service(helm):
     ("policy.allowedPriorityClasses={Bad_Class}", "policy.allowedPriorityClasses.0"),
     ("policy.allowImages=true", "policy"),
     ("shards=0", "shards"),
+    ("networkPolicy.namespaces={Team}", "networkPolicy.namespaces.0"),
+    ("networkPolicy.enable=true", "networkPolicy"),
 ])
 def test_schema_rejects_bad_values(helm, bad, field):
     result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad],
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert "schema" in result.stderr and field in result.stderr, result.stderr
+
+
+def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
+    """Off by default; on, one per watched namespace, selecting the pods the operator manages
+    (as builders labels them) and admitting only the operator's pods (as the chart labels
+    them, from the release's namespace) to vLLM's port."""
+    from vlm_operator import builders
+
+    assert not find(template(), "NetworkPolicy")
+    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy")
+    docs = template(*VARIANTS["network-policy"], namespace="ops")
+    policies = find(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    (dep,) = find(docs, "Deployment")
+    operator_labels = dep["spec"]["template"]["metadata"]["labels"]
+    pod_labels = builders.get_labels("any")
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert "app.kubernetes.io/instance" not in spec["podSelector"]["matchLabels"]
+        (rule,) = spec["ingress"]
+        (peer,) = rule["from"]
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "ops"}
+        assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
+        assert rule["ports"] == [{"protocol": "TCP", "port": builders.PORT}]
+    cluster_wide = template("--set", "networkPolicy.enabled=true,networkPolicy.namespaces={x}")
+    assert [p["metadata"]["namespace"] for p in find(cluster_wide, "NetworkPolicy")] == ["x"]
+    refused = subprocess.run([helm, "template", "rel", str(CHART), "--set",
+                              "networkPolicy.enabled=true"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "networkPolicy.namespaces" in refused.stderr
 
 
 def test_chart_crds_match_the_definition():
@@ -522,6 +557,8 @@ def test_security_doc_names_every_policy_and_rbac_value():
         assert not default  # all off by default, as both documents say
     for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly"):
         assert f"rbac.{key}" in security + install
+    assert not values["networkPolicy"]["enabled"]
+    assert "`networkPolicy.enabled`" in security and "`networkPolicy.enabled`" in install
     assert "label-selected watch is not an RBAC" in security.replace("\n", " ")
 
 
