@@ -156,7 +156,7 @@ class Reconciler:
         surge = incidents.surge(body["metadata"].get("annotations"))
         failures = []
         for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
-                                           surge):
+                                           surge, self.kube.pdb_unhealthy_pod_eviction):
             try:
                 before, after = self.kube.apply(child)
             except ApiException as exc:

@@ -1,6 +1,7 @@
-"""One round per VLMDeployment every second (periodic.py): its pods listed once, each pod's
-/metrics read once (scrape.Scraper: in parallel, each with a deadline), and the readings handed
-to stall detection and, in Builtin mode, to the autoscaler."""
+"""One round per VLMDeployment every second (periodic.py, on the active replica only): its
+pods listed once, each pod's /metrics read once (scrape.Scraper: in parallel, each with a
+deadline), and the readings handed to stall detection and, in Builtin mode, to the autoscaler;
+the remediator makes sure every action in flight has a driver and looks for node drains."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from vlm_operator import builders
 from vlm_operator.autoscaler import Autoscaler, is_builtin, metric_names
 from vlm_operator.kube import Kube
 from vlm_operator.logfollow import is_running
+from vlm_operator.remediator import Remediator
 from vlm_operator.scrape import Scraper
 from vlm_operator.spec import SpecError, parse
 from vlm_operator.stall_watch import StallWatch
@@ -16,9 +18,10 @@ from vlm_operator.stalls import PROGRESS_METRICS
 
 class Rounds:
     def __init__(self, kube: Kube, scraper: Scraper, stall_watch: StallWatch,
-                 autoscaler: Autoscaler) -> None:
+                 autoscaler: Autoscaler, remediator: Remediator) -> None:
         self.kube, self.scraper = kube, scraper
         self.stall_watch, self.autoscaler = stall_watch, autoscaler
+        self.remediator = remediator
 
     def tick(self, body: dict) -> None:
         """body: the plain-dict snapshot periodic.py keeps (read, never changed)."""
@@ -26,8 +29,8 @@ class Rounds:
             vlmd = parse(body)
         except SpecError:
             return
-        pods = [p for p in self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
-                if not p["metadata"].get("deletionTimestamp")]
+        listed = self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
+        pods = [p for p in listed if not p["metadata"].get("deletionTimestamp")]
         builtin = is_builtin(vlmd.spec)
         names = {*PROGRESS_METRICS, *(metric_names(vlmd.spec) if builtin else ())}
         # every running container, ready or not: a hung API server fails its readiness probe
@@ -38,6 +41,7 @@ class Rounds:
             self.autoscaler.tick(body, pods, scrapes)
         else:
             self.autoscaler.forget(vlmd.namespace, vlmd.name)
+        self.remediator.round(body, listed)  # last: its API trouble fails only its part
 
     def forget(self, namespace: str, name: str) -> None:
         """The VLMDeployment is gone (or no longer this replica's)."""

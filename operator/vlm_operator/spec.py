@@ -44,6 +44,7 @@ MANAGED_ENV = {
     "HUGGING_FACE_HUB_TOKEN": "spec.hfTokenSecretRef",
     "HF_HOME": "spec.modelCache.mountPath",
     "HOME": "the operator",
+    "VLM_POD_IP": "the operator (the preStop hook reads the pod's /metrics there)",
 }
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIALS?)$", re.I)
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -81,3 +81,13 @@ def test_connections_keep_alive_and_never_resend():
     assert (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, kube.KEEPALIVE_IDLE_S) in options
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, kube.TCP_USER_TIMEOUT_MS) in options
     assert cfg.retries.read == 0 and cfg.retries.total == 1
+
+
+def test_schema_has_reads_an_openapi_v3_document():
+    from vlm_operator.kube import schema_has
+
+    doc = {"components": {"schemas": {"io.k8s.api.policy.v1.PodDisruptionBudgetSpec": {
+        "properties": {"minAvailable": {}, "unhealthyPodEvictionPolicy": {"type": "string"}}}}}}
+    spec = "io.k8s.api.policy.v1.PodDisruptionBudgetSpec"
+    assert schema_has(doc, spec, "unhealthyPodEvictionPolicy")
+    assert not schema_has(doc, spec, "maxUnavailable") and not schema_has({}, spec, "x")
