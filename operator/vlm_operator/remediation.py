@@ -182,6 +182,13 @@ class Decision:
         return self.reason in HOLDING
 
 
+def others_ready(pods: Iterable[PodView], pod: str) -> int:
+    """Pods other than `pod` that take requests and stay: one an action in flight is about to
+    remove (a Replace's sick pod, a drain) is not counted, so its replacement is not taken for
+    spare capacity by another removal."""
+    return sum(1 for p in pods if p.capacity and not p.in_flight and p.name != pod)
+
+
 def needs_replacement(pods: Iterable[PodView], pod: str, policy: Policy,
                       signature: str = "") -> bool:
     """Removing `pod` would take ready capacity below minAvailable: it serves, and too few
@@ -191,8 +198,7 @@ def needs_replacement(pods: Iterable[PodView], pod: str, policy: Policy,
     target = next((p for p in views if p.name == pod), None)
     if target is None or not target.capacity or signature in NOT_SERVING:
         return False
-    others = sum(1 for p in views if p.capacity and p.name != pod)
-    return others < policy.min_available
+    return others_ready(views, pod) < policy.min_available
 
 
 def decide(*, incident: Incident, rule: Rule, now: float, pods: Iterable[PodView],
@@ -237,7 +243,7 @@ def decide(*, incident: Incident, rule: Rule, now: float, pods: Iterable[PodView
     what = (f"{signature} on {pod}: {incident.detail}" if incident.detail else
             f"{count} {signature} in {rule.window_s:g} s on {pod} (threshold {rule.threshold})")
     if needs_replacement(views, pod, policy, signature):
-        others = sum(1 for p in views if p.capacity and p.name != pod)
+        others = others_ready(views, pod)
         if spare_gpus:
             return Decision(REPLACE, "act", f"{what}: Replace (it still serves and only "
                             f"{others} other pods are ready, spec.health.minAvailable="
@@ -283,8 +289,8 @@ def drain_step(*, serving: bool, running: float | None, since: float, now: float
 def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
                     now: float, timeout_s: float = DRAIN_TIMEOUT_S,
                     min_drain_s: float = DRAIN_MIN_S) -> str:
-    """The next step of a ScaleDown: wait for the drain, delete the pod, or (pod gone) lower
-    the replicas and finish."""
+    """The next step of a ScaleDown: wait for the drain, or delete the pod (and lower the
+    replicas at once); FINISH (lower them) when the pod is gone already."""
     if not present:
         return FINISH
     return drain_step(serving=serving, running=running, since=since, now=now,

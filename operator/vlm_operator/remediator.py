@@ -478,9 +478,10 @@ class Remediator:
             record = dataclasses.replace(record, replacement=found)
             self._write_in_flight(namespace, name, owner, add=record)
         views = {p["metadata"]["uid"]: remediation.pod_view(
-            p, self.engine_dead(p["metadata"]["uid"])) for p in pods}
+            p, self.engine_dead(p["metadata"]["uid"]), p["metadata"]["uid"] in owner.in_flight)
+            for p in pods}
         serves = present and views[record.uid].serves
-        others = sum(1 for u, v in views.items() if v.capacity and u != record.uid)
+        others = remediation.others_ready(views.values(), record.pod)
         replacement = next((p for p in pods if p["metadata"]["uid"] == found), None)
         running = None
         if record.drain_since is not None and present:
@@ -518,9 +519,10 @@ class Remediator:
                                                               text), body)
             self.reconcile(namespace, name)  # Remediating: draining
             return False
-        if step == remediation.DELETE:
+        if step == remediation.DELETE:  # and done at once: the surge ends with the pod, so
+            # the ReplicaSet never makes a pod for the one deleted while it still counts
             self._delete_drained(namespace, name, body, record, pod, serves, running, now)
-            return False
+            step = remediation.FINISH
         if step == remediation.SURGE:
             self._write_in_flight(namespace, name, owner, add=dataclasses.replace(
                 record, surge=True, since=stamp(now), before=_uids(pods),
@@ -619,7 +621,7 @@ class Remediator:
                            body)
             self.kube.delete("v1", "Pod", namespace, record.pod, uid=record.uid,
                              grace_s=builders.QUICK_GRACE_S)
-            return False
+            # lowered at once: the ReplicaSet never makes a pod for the one just deleted
         current = int(body["spec"].get("replicas", 1))
         min_available = owner.policy.min_available if owner.policy else 1
         target = remediation.lowered_replicas(current, record, min_available)
@@ -679,8 +681,8 @@ class Remediator:
             return
         pods = self.kube.list_pods(namespace, builders.get_selector(name))
         records = parse_in_flight(body["metadata"].get("annotations"))
-        views = [remediation.pod_view(p, self.engine_dead(p["metadata"]["uid"]))
-                 for p in pods]
+        views = [remediation.pod_view(p, self.engine_dead(p["metadata"]["uid"]),
+                                      p["metadata"]["uid"] in records) for p in pods]
         now = stamp(time.time())
         for pod, view in zip(pods, views, strict=True):
             uid, node = pod["metadata"]["uid"], (pod.get("spec") or {}).get("nodeName")
@@ -778,7 +780,8 @@ def _drain_work(pods: list[dict], records: Mapping[str, InFlight], leaving: Mapp
     """Whether a pod on a leaving node needs something this round: an action of its own, or
     its Replace record has yet to note the node (from the round's pods: the check is redone on
     a fresh read before acting)."""
-    views = [remediation.pod_view(p, engine_dead(p["metadata"]["uid"])) for p in pods]
+    views = [remediation.pod_view(p, engine_dead(p["metadata"]["uid"]),
+                                  p["metadata"]["uid"] in records) for p in pods]
     for pod, view in zip(pods, views, strict=True):
         if (pod.get("spec") or {}).get("nodeName") not in leaving:
             continue

@@ -294,8 +294,17 @@ def test_replace_step(kw, step):
                         min_drain_s=2, **kw) == step
 
 
-def view(name, ready=True, in_service=True, deleting=False, engine_dead=False):
-    return PodView(name, ready, deleting, in_service, engine_dead)
+def view(name, ready=True, in_service=True, deleting=False, engine_dead=False,
+         in_flight=False):
+    return PodView(name, ready, deleting, in_service, engine_dead, in_flight)
+
+
+def test_a_pod_another_action_removes_is_no_capacity_for_a_second_removal():
+    """Two sick pods, minAvailable 2, one replacement ready for the first: the second may not
+    take that replacement for spare capacity and go too."""
+    pods_ = [view("a", in_flight=True), view("b"), view("replacement-of-a")]
+    assert needs_replacement(pods_, "b", policy(minAvailable=2))
+    assert not needs_replacement([*pods_, view("spare")], "b", policy(minAvailable=2))
 
 
 @pytest.mark.parametrize("target,others,min_available,always_allow,action", [
