@@ -245,7 +245,7 @@ def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, 
     sick = pod(api, namespace, "sick")
     published = []
     rem = Remediator(kube, lambda ns, name: published.append(name),
-                     replica_fits=lambda vlmd, pending: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     body = get(kube, namespace)
@@ -273,7 +273,7 @@ def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, 
 def test_a_replacement_that_never_comes_is_given_up(api, kube, namespace, made):
     vlmd(api, namespace, replicas=1)
     sick = pod(api, namespace, "sick")
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd, pending: True,
+    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd, pending=0: True,
                      replace_timeout_s=3).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
@@ -289,7 +289,8 @@ def test_a_held_incident_is_acted_on_when_capacity_returns(api, kube, namespace,
     vlmd(api, namespace, replicas=2)
     sick = pod(api, namespace, "sick")
     pod(api, namespace, "other", ready=False)
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd, pending: False).start()
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: False).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
@@ -309,7 +310,8 @@ def test_a_held_incident_expires_with_its_window(api, kube, namespace, made):
     """#7: held past its window, it is dropped, never acted on late."""
     vlmd(api, namespace, replicas=1, health={"tokenizerRetry": {"windowSeconds": 3}})
     sick = pod(api, namespace, "sick")
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd, pending: False).start()
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: False).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     assert rem.owner(namespace, "glue").open
@@ -401,7 +403,7 @@ def test_a_replace_drains_its_pod_before_deleting_it(api, kube, namespace, made,
     busy = metrics_server(running=1)
     sick = pod(api, namespace, "sick", ip=busy.ip)
     rem = Remediator(kube, lambda ns, name: None,
-                     replica_fits=lambda vlmd, pending: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     pod(api, namespace, "replacement")
@@ -426,7 +428,7 @@ def test_a_pod_another_drain_took_out_still_drains(api, kube, namespace, made,
     busy = metrics_server(running=1)
     sick = pod(api, namespace, "sick", ip=busy.ip)
     rem = Remediator(kube, lambda ns, name: None,
-                     replica_fits=lambda vlmd, pending: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     put_out_of_service(kube, namespace, "sick", time.time())  # the autoscaler's drain
@@ -443,7 +445,7 @@ def test_a_surge_is_abandoned_at_once_when_another_writer_lowers_replicas(api, k
     sick = pod(api, namespace, "sick")
     pod(api, namespace, "other", ready=False)
     rem = Remediator(kube, lambda ns, name: None,
-                     replica_fits=lambda vlmd, pending: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     assert incidents.surge(get(kube, namespace)["metadata"]["annotations"]) == 1
@@ -468,7 +470,7 @@ def test_only_its_own_replacement_refused_by_the_scheduler_gives_a_surge_up(api,
     pod(api, namespace, "stuck", ready=False)
     set_unschedulable(api, namespace, "stuck", 70)
     rem = Remediator(kube, lambda ns, name: None,
-                     replica_fits=lambda vlmd, pending: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     time.sleep(3)

@@ -2,10 +2,12 @@
 VLMDeployment older than the autoscaler's own last write is read afresh instead of acted on
 again, and a running pod that is not Ready is never taken for an idle, loading one."""
 
+import json
+
 from vlm_operator import autoscaling as a
 from vlm_operator import incidents
 from vlm_operator.autoscaler import Autoscaler, _pod_state
-from vlm_operator.incidents import REPLACE, InFlight
+from vlm_operator.incidents import REPLACE
 from vlm_operator.scrape import Scrape
 from vlm_operator.spec import parse
 
@@ -115,10 +117,10 @@ class Budget(Cluster):
 
 
 def surging(body, sick="a", before=("uid-a", "uid-b")):
-    record = InFlight(REPLACE, sick, f"uid-{sick}", "tokenizer_retry", 1.0, 1.0, 2,
-                      before=before)
-    body["metadata"]["annotations"] = {incidents.IN_FLIGHT: incidents.in_flight_value(
-        {f"uid-{sick}": record})}
+    """A Replace of `sick` in flight, its surge begun when the pods `before` were there."""
+    record = {"action": REPLACE, "pod": sick, "signature": "tokenizer_retry", "incident": 1.0,
+              "since": 1.0, "replicas": 2, "before": list(before)}
+    body["metadata"]["annotations"] = {incidents.IN_FLIGHT: json.dumps({f"uid-{sick}": record})}
     return body
 
 
