@@ -295,8 +295,9 @@ class ClusterCache:
                 if state.leaving is not None}
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        """Managed pods of `namespace` matching an equality `selector`, as Kube.list_pods
-        (rounds.py reads these every second); raises Stale."""
+        """Managed pods of `namespace` matching an equality `selector` whose owner chain leads
+        to the operator, as Kube.list_pods (rounds.py reads these every second); raises
+        Stale."""
         if self.namespaced:
             self._stop_idle()
             informer = self._informer(f"managed-pods {namespace}",
@@ -307,8 +308,8 @@ class ClusterCache:
                                       (("labelSelector", MANAGED),), _pod_key)
         wanted = _labels(selector)
         pods = informer.indexed((namespace, wanted.get("app.kubernetes.io/instance", "")))
-        return [p for p in pods if all((p["metadata"].get("labels") or {}).get(k) == v
-                                       for k, v in wanted.items())]
+        return self.kube.owned_pods([p for p in pods if all(
+            (p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())])
 
     def _keep_pod(self, pod: dict) -> dict | None:
         return _slim(pod) if self.owns(*_pod_key(pod)) else None

@@ -510,6 +510,34 @@ def two_at_once(bed: Bed, health: dict | None) -> Observed:
     return seen
 
 
+def existing_service(bed: Bed, health: dict | None) -> Observed:
+    """Another app's Service already has the VLMDeployment's name: it is never changed (no
+    selector rewritten, no owner added) nor deleted with the VLMDeployment; the VLMDeployment
+    still serves through its Deployment and says why it has no Service of its own."""
+    bed.nodes(gpus_per_node=1)
+    theirs = bed.core.create_namespaced_service(bed.ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "row"},
+        "spec": {"selector": {"app": "their-app"},
+                 "ports": [{"name": "http", "port": builders.PORT, "targetPort": builders.PORT}]}})
+    start = time.time()
+    bed.create("row", replicas=1, health=health)
+    seen = bed.follow("row", 1, set(), start)
+    degraded = bed.wait("Degraded", lambda: (c := bed.condition("row", "Degraded"))
+                        and c.get("status") == "True" and c)
+    seen.notes["degraded"] = {k: degraded.get(k) for k in ("reason", "message")}
+    bed.custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, bed.ns, crd.PLURAL, "row")
+    apps = client.AppsV1Api(bed.api)
+    bed.wait("the Deployment collected", lambda: not apps.list_namespaced_deployment(
+        bed.ns).items)
+    after = bed.core.read_namespaced_service("row", bed.ns)
+    seen.notes["service_kept"] = (after.metadata.uid == theirs.metadata.uid
+                                  and after.metadata.resource_version
+                                  == theirs.metadata.resource_version)
+    seen.notes["service_owners"] = [r.kind for r in after.metadata.owner_references or []]
+    seen.notes["service_selector"] = after.spec.selector
+    return seen
+
+
 def storm_under_load(replicas: int, health: dict | None = None):
     """A retry storm on one pod while steady load goes through the Service: a Replace (the
     only replica, a GPU free) or a ScaleDown (1 of 2) must fail no request."""
@@ -654,6 +682,9 @@ ROWS = [
     Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
         standby_takes_over, probes=False, own_operator=True),
     Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+    Row("existing-service", "another app's Service has the VLMDeployment's name",
+        existing_service, probes=False,
+        must_not="the Service is never changed nor deleted with the VLMDeployment"),
     Row("drain-gpu-free", "kubectl drain of the only replica's node, a GPU free elsewhere, "
         "under load", node_drain(gpu_free=True), probes=False),
     Row("drain-no-gpu", "kubectl drain of the only replica's node, no GPU free anywhere",

@@ -111,6 +111,16 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def existing_service(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
+    assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
+    assert "Service row" in seen.notes["degraded"]["message"]
+    assert seen.events["ObjectNotOwned"] == 1
+    assert seen.notes["service_kept"], "the other app's Service was changed"
+    assert seen.notes["service_owners"] == []
+    assert seen.notes["service_selector"] == {"app": "their-app"}
+
+
 def no_request_failed(seen: Observed) -> None:
     load = seen.notes["load"]
     assert load["answered"] > 0 and load["failed"] == 0, load
@@ -170,8 +180,9 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once, "drain-gpu-free": drain_gpu_free,
-    "drain-no-gpu": drain_no_gpu, "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
+    "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
+    "drain-gpu-free": drain_gpu_free, "drain-no-gpu": drain_no_gpu,
+    "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
     "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
 }
 
