@@ -10,8 +10,12 @@ evidence, not proof: see signatures.py), the pod's back-off after a failed attem
 VLMDeployment's restart budget, and minAvailable. minAvailable only protects capacity: removing
 a pod that serves nothing (engine dead, not ready) never lowers it, so a single dead replica, or
 every replica dead at once, is restarted. When the pod still serves and removing it would break
-minAvailable, it is replaced instead: one extra replica is surged (if a GPU is free), and the
-sick pod goes once the replacement is ready.
+minAvailable, it is replaced instead: one extra replica is surged (if a GPU is free once the
+VLMDeployment's pending claims took theirs), and the sick pod is drained and deleted once the
+replacement is ready. A pod an action is already removing is not counted as capacity.
+
+Node drains (node_drain_action): a pod on a node that is leaving whose eviction minAvailable
+refuses gets a Replace of its own, or waits for capacity at most the node drain wait, then goes.
 
 Held-back incidents stay open and are decided again when the blocking condition may have changed
 (pod events, spec changes, a short timer), until acted on, gone or older than their window.

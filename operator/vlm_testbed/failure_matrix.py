@@ -243,9 +243,11 @@ class Bed:
     def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
                until: Callable[[], bool] | None = None, timeout: float | None = None,
                settle: float = 2.0, before: dict[str, Instance] | None = None) -> Observed:
-        """Poll from the fault on: the fewest ready pods, when it served again (or `until`
-        held), then `settle` more seconds so late extra actions still show. `before`: the pods
-        at the fault (snapshot()), where the fault came earlier than this call."""
+        """Poll from the fault on: the fewest ready pods, when it served again and the
+        operator has no action left in flight (a replaced pod drains after its replacement
+        serves), or when `until` held, then `settle` more seconds so late extra actions still
+        show. `before`: the pods at the fault (snapshot()), where the fault came earlier than
+        this call."""
         seen = Observed(lowest_ready=replicas)
         before = self.snapshot(name) if before is None else before
         deadline = time.monotonic() + (timeout or self.limit_s)
@@ -259,7 +261,8 @@ class Bed:
                            and healthy(p.status.pod_ip)]
                 if len(serving) >= replicas:
                     seen.recovered_s = round(time.time() - start, 2)
-            if done_at is None and (until() if until else seen.recovered_s is not None):
+            if done_at is None and (until() if until else seen.recovered_s is not None
+                                    and not self.in_flight(name)):
                 done_at = time.monotonic()
             if done_at is not None and time.monotonic() - done_at >= settle:
                 break

@@ -96,8 +96,8 @@ def test_a_standby_that_becomes_active_finishes_a_drain_in_flight(api, cluster):
             sim_post(sick.status.pod_ip, "/sim/fault", {"fault": "load", "running": 0})
             try:
                 wait_for("the standby finished the drain", lambda: pod_gone(
-                    api, ns, sick) and get_cr(api, ns, "pe")["spec"]["replicas"] == 1,
-                    timeout=60)
+                    api, ns, sick) and get_cr(api, ns, "pe")["spec"]["replicas"] == 1
+                    and events(api, ns, "pe", "ScaledDown"), timeout=60)
             except AssertionError:
                 print("standby:", standby.log()[-6000:], sep="\n")
                 raise
