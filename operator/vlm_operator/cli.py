@@ -10,7 +10,7 @@ from typing import TextIO
 
 import yaml
 
-from vlm_operator import builders, crd, policy
+from vlm_operator import builders, crd, policy, remediation
 from vlm_operator.spec import SpecError, parse, validate
 
 EXIT_USAGE = 2
@@ -104,6 +104,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
 def _secret_label(text: str) -> str:
     if text and not _SECRET_LABEL.match(text):  # "" (the default): no Secret rule
         raise argparse.ArgumentTypeError(f"{text!r} is not a label key or key=value")
@@ -184,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default="0",
                      help="this process's shard, 0..shards-1, or 'auto': the ordinal of a "
                           "StatefulSet pod (POD_NAME, else the host name)")
+    run.add_argument("--node-drain-wait-seconds", type=_non_negative,
+                     default=remediation.NODE_DRAIN_WAIT_S,
+                     metavar="SECONDS",
+                     help="how long a node drain (kubectl drain, the cluster autoscaler, "
+                          "Karpenter) is held for a pod spec.health.minAvailable protects while "
+                          "no GPU is free elsewhere for its replacement; then the pod is drained "
+                          "and deleted so the drain finishes (default "
+                          f"{remediation.NODE_DRAIN_WAIT_S:g})")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     policy = run.add_argument_group(
         "policy", "What a VLMDeployment may ask for (all off by default); a spec that breaks "

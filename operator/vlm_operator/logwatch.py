@@ -30,16 +30,20 @@ class LogWatch:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  may_act: Callable[[str], bool] | None = None,
                  replica_fits: Callable | None = None,
-                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S) -> None:
+                 leaving_nodes: Callable | None = None,
+                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S,
+                 node_drain_wait_s: float = remediation.NODE_DRAIN_WAIT_S) -> None:
         """`reconcile(namespace, name)` publishes status after an action and logs its own errors
         (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
-        (peering.py), None when it runs alone; `replica_fits(vlmd)`: for surge replacements."""
+        (peering.py), None when it runs alone; `replica_fits(vlmd, pending)`: for surge
+        replacements; `leaving_nodes()`: for node drains (Remediator)."""
         self.kube = kube
         self.reconcile = reconcile
         self.windows = incidents.Windows()
         self.remediator = Remediator(kube, reconcile, may_act=may_act, replica_fits=replica_fits,
-                                     engine_dead=self._engine_dead,
-                                     drain_timeout_s=drain_timeout_s).start()
+                                     engine_dead=self._engine_dead, leaving_nodes=leaving_nodes,
+                                     drain_timeout_s=drain_timeout_s,
+                                     node_drain_wait_s=node_drain_wait_s).start()
         self._lock = threading.Lock()
         self._followers: dict[str, Follower] = {}
         self._findings: dict[tuple[str, str], dict[str, list[remediation.Finding]]] = {}

@@ -174,14 +174,16 @@ def run(args: argparse.Namespace) -> int:
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
             memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
-            replica_fits=memo.autoscaler.replica_fits)
+            replica_fits=memo.autoscaler.replica_fits, leaving_nodes=memo.cluster.leaving_nodes,
+            node_drain_wait_s=args.node_drain_wait_seconds)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()
         reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
         memo.reconciler.report_providers.append(reads.reports)
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        StallWatch(memo.logwatch.remediator), memo.autoscaler, reads)
+                        StallWatch(memo.logwatch.remediator), memo.autoscaler, reads,
+                        memo.logwatch.remediator)
 
         def forget(namespace: str, name: str) -> None:
             """The VLMDeployment is gone (or another shard's): its round state and series."""

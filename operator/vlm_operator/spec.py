@@ -46,6 +46,7 @@ MANAGED_ENV = {
     "HF_HOME": "spec.modelCache.mountPath",
     "HOME": "the operator",
     "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "spec.vllm.allowedMediaDomains",
+    "VLM_POD_IP": "the operator (the preStop hook reads the pod's /metrics there)",
 }
 # The HorizontalPodAutoscaler API (and so KEDA's) refuses stabilization windows over an hour.
 HPA_MAX_WINDOW_S = 3600

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -30,10 +31,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import builders, crd
+from vlm_operator import builders, crd, incidents
 from vlm_testbed import vllmsim
-from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.controlplane import kubectl_path, ready_namespace
 from vlm_testbed.firewall import OPERATOR_GID, Firewall
+from vlm_testbed.load import LoadClient
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -43,6 +45,8 @@ READY_TIMEOUT_S = 120.0
 # Remediation off: every built-in signal only counted (what probes alone would do).
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"}}
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
+LOAD_RATE = 10.0  # requests a second through the Service in the rows under load
+DRAIN_WAIT_S = 10  # --node-drain-wait-seconds of the operator of the no-GPU drain row
 
 Instance = tuple[str, int]  # (pod uid, container restart count)
 
@@ -238,13 +242,37 @@ class Bed:
     def fault(self, pod: Any, spec: dict | list) -> None:
         post(pod.status.pod_ip, "/sim/fault", spec)
 
+    def load(self, name: str) -> LoadClient:
+        """Steady load on the VLMDeployment's Service, as a client in the cluster sends it
+        (vlm_testbed.load); stopped when the row ends, its counts in `notes["load"]`."""
+        client_ = LoadClient.for_service(self.api, self.ns, name, rate=LOAD_RATE)
+        self._stack.callback(client_.stop)
+        return client_.start()
+
+    def drain(self, node: str, timeout_s: float = 120.0) -> subprocess.Popen:
+        """The real `kubectl drain` of a node, as an admin runs it before maintenance."""
+        kubectl = kubectl_path()
+        if kubectl is None:
+            raise AssertionError("kubectl is not built (python -m vlm_testbed.controlplane build)")
+        proc = subprocess.Popen([str(kubectl), "--kubeconfig", str(self.kubeconfig), "drain",
+                                 node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                 f"--timeout={timeout_s:.0f}s"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self._stack.callback(lambda: proc.poll() is None and proc.kill())
+        return proc
+
+    def in_flight(self, name: str) -> dict[str, incidents.InFlight]:
+        return incidents.parse_in_flight(self.get(name)["metadata"].get("annotations"))
+
     # -- watching an outcome
     def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
                until: Callable[[], bool] | None = None, timeout: float | None = None,
                settle: float = 2.0, before: dict[str, Instance] | None = None) -> Observed:
-        """Poll from the fault on: the fewest ready pods, when it served again (or `until`
-        held), then `settle` more seconds so late extra actions still show. `before`: the pods
-        at the fault (snapshot()), where the fault came earlier than this call."""
+        """Poll from the fault on: the fewest ready pods, when it served again and the
+        operator has no action left in flight (a replaced pod drains after its replacement
+        serves), or when `until` held, then `settle` more seconds so late extra actions still
+        show. `before`: the pods at the fault (snapshot()), where the fault came earlier than
+        this call."""
         seen = Observed(lowest_ready=replicas)
         before = self.snapshot(name) if before is None else before
         deadline = time.monotonic() + (timeout or self.limit_s)
@@ -258,7 +286,8 @@ class Bed:
                            and healthy(p.status.pod_ip)]
                 if len(serving) >= replicas:
                     seen.recovered_s = round(time.time() - start, 2)
-            if done_at is None and (until() if until else seen.recovered_s is not None):
+            if done_at is None and (until() if until else seen.recovered_s is not None
+                                    and not self.in_flight(name)):
                 done_at = time.monotonic()
             if done_at is not None and time.monotonic() - done_at >= settle:
                 break
@@ -669,6 +698,112 @@ def existing_service(bed: Bed, health: dict | None) -> Observed:
     return seen
 
 
+def storm_under_load(replicas: int, health: dict | None = None):
+    """A retry storm on one pod while steady load goes through the Service: a Replace (the
+    only replica, a GPU free) or a ScaleDown (1 of 2) must fail no request."""
+    def run(bed: Bed, row_health: dict | None) -> Observed:
+        bed.nodes(gpus_per_node=replicas + 1)
+        bed.create("row", replicas=replicas, health=merged(health, row_health))
+        pods = bed.wait_ready("row", replicas)
+        load = bed.load("row")
+        bed.wait("load on every pod", lambda: load.result()["endpoints_used"] >= replicas)
+        faulted = {instance(pods[0])}
+        start = time.time()
+        bed.fault(pods[0], {"fault": "tokenizer_retry", "rate": 20})
+        target = 1 if health else replicas  # a ScaleDown lowers the replicas
+        seen = bed.follow("row", target, faulted, start, until=lambda: not any(
+            p.metadata.uid == pods[0].metadata.uid for p in bed.pods("row")) and len(
+            bed.ready("row")) >= target, settle=3)
+        load.stop()
+        seen.notes["load"] = load.result()
+        seen.notes["replicas"] = bed.get("row")["spec"]["replicas"]
+        return seen
+    return run
+
+
+def storms_on_two_pods_one_gpu(bed: Bed, health: dict | None) -> Observed:
+    """2 replicas, minAvailable 2, one GPU free: retry storms on both pods at once. One surge
+    at a time: the second waits for capacity (held, the condition says so) and goes on once
+    the first replacement is done and its sick pod freed its GPU; each incident counted once
+    in the restart budget."""
+    bed.nodes(gpus_per_node=3)
+    bed.create("row", replicas=2, health=merged({"minAvailable": 2}, health))
+    pods = bed.wait_ready("row", 2)
+    faulted = {instance(p) for p in pods}
+    start = time.time()
+    for pod in pods:
+        bed.fault(pod, {"fault": "tokenizer_retry", "rate": 20})
+    surging, held = [0], []
+
+    def done() -> bool:
+        records = bed.in_flight("row")
+        surging[0] = max(surging[0], sum(1 for r in records.values() if r.surge))
+        remediating = bed.condition("row", "Remediating")
+        if "held back" in remediating.get("message", "") and not held:
+            held.append(remediating)
+        uids = {p.metadata.uid for p in bed.pods("row")}
+        return not any(p.metadata.uid in uids for p in pods)
+
+    seen = bed.follow("row", 2, faulted, start, until=done, timeout=150, settle=3)
+    body = bed.get("row")
+    seen.notes.update(most_surges_at_once=surging[0], held_condition=held[0] if held else None,
+                      budget_entries=len(incidents.parse_history(
+                          body["metadata"].get("annotations", {}).get(incidents.HISTORY))),
+                      in_flight_left=len(bed.in_flight("row")))
+    return seen
+
+
+def place_blocker(bed: Bed, node: str) -> None:
+    """A pod of another app holding the one GPU of `node`."""
+    bed.core.create_namespaced_pod(bed.ns, {"metadata": {"name": "other-app"}, "spec": {
+        "nodeName": node, "containers": [{
+            "name": "app", "image": "busybox", "command": ["sleep", "3600"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    bed.wait("the other app running", lambda: bed.core.read_namespaced_pod(
+        "other-app", bed.ns).status.phase == "Running")
+
+
+def node_drain(gpu_free: bool):
+    """`kubectl drain` of the node of the only replica (default spec: 1 replica, minAvailable
+    1), two nodes of one GPU each, steady load on the Service. With the other GPU free the
+    drain finishes with no serving gap (a replacement first); with it taken (another app) the
+    drain is held DRAIN_WAIT_S (the operator's --node-drain-wait-seconds here), then goes
+    through."""
+    def run(bed: Bed, health: dict | None) -> Observed:
+        if not gpu_free:
+            bed.operator("--standalone", "--node-drain-wait-seconds", str(DRAIN_WAIT_S))
+        sim = bed.nodes(gpus_per_node=1, nodes=2)
+        bed.create("row", replicas=1, health=health)
+        (pod,) = bed.wait_ready("row", 1)
+        node = pod.spec.node_name
+        if not gpu_free:
+            place_blocker(bed, next(n for n in sim.node_names if n != node))
+        load = bed.load("row")
+        bed.wait("load on the pod", lambda: load.result()["answered"] >= 5)
+        start = time.time()
+        drain = bed.drain(node)
+        held, finished = [], []
+
+        def drained() -> bool:
+            remediating = bed.condition("row", "Remediating")
+            if remediating.get("reason") == "WaitingForCapacity" and not held:
+                held.append(remediating)
+            if drain.poll() is not None and not finished:
+                finished.append(time.time())
+            return bool(finished)
+
+        seen = bed.follow("row", 1, {instance(pod)}, start, until=drained, timeout=150,
+                          settle=2)
+        load.stop()
+        output = drain.communicate()[0] if finished else ""
+        seen.notes.update(load=load.result(), drain_rc=drain.poll(),
+                          drain_s=round(finished[0] - start, 1) if finished else None,
+                          drain_output=output[-600:], held_condition=held[0] if held else None,
+                          in_flight_left=len(bed.in_flight("row")))
+        return seen
+    return run
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """Sum of an operator metric's samples whose labels include these."""
     return sum(sample.value for family in text_string_to_metric_families(text)
@@ -719,4 +854,15 @@ ROWS = [
         must_not="nothing done to the pod; PodsReachable=False, an Event, metrics"),
     Row("hostile-tenant", "another tenant's pods serve redirects, 100 MB /metrics and "
         "drip-fed headers while the only replica's engine dies (exits 0)", hostile_tenant),
+    Row("drain-gpu-free", "kubectl drain of the only replica's node, a GPU free elsewhere, "
+        "under load", node_drain(gpu_free=True), probes=False),
+    Row("drain-no-gpu", "kubectl drain of the only replica's node, no GPU free anywhere",
+        node_drain(gpu_free=False), probes=False, own_operator=True,
+        must_not=f"held {DRAIN_WAIT_S} s (--node-drain-wait-seconds), then the drain finishes"),
+    Row("storms-two-pods-one-gpu", "retry storms on both of 2 pods, minAvailable 2, one GPU "
+        "free", storms_on_two_pods_one_gpu, probes=False),
+    Row("replace-under-load", "retry storm on the only replica (a GPU free), steady load",
+        storm_under_load(1), probes=False),
+    Row("scaledown-under-load", "retry storm on 1 of 2 replicas, ScaleDown, steady load",
+        storm_under_load(2, {"tokenizerRetry": {"action": "ScaleDown"}}), probes=False),
 ]

@@ -4,7 +4,8 @@ The apiserver, scheduler and controllers are real (controlplane.py); only the no
 simulated, because there is no kubelet or container runtime on these machines. A
 NodeSimulator registers Nodes, keeps them Ready (Lease heartbeat + status conditions), and for
 every pod bound to them runs one local process per container in place of the container:
-probes, restarts with back-off, termination and pods/status are done here as the kubelet would.
+probes, restarts with back-off, termination (the preStop hook within the grace period, then
+SIGTERM, then SIGKILL) and pods/status are done here as the kubelet would.
 Container logs are kept per container instance with RFC3339Nano timestamps and served on the
 kubelet's HTTPS /containerLogs endpoint, so `kubectl logs [-f] [--previous]` works through the
 real apiserver.
@@ -60,6 +61,7 @@ STATUS_EVERY = 3  # heartbeats per Node status write (the Lease is renewed every
 GPU = "nvidia.com/gpu"
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
+MIN_GRACE_S = 2  # the kubelet always leaves a container this long between SIGTERM and SIGKILL
 CommandFor = Callable[[dict, str], list[str]]
 
 
@@ -239,6 +241,57 @@ def pod_phase(restart_policy: str, init_done: bool, statuses: list[ContainerView
     return "Failed" if restart_policy != "Always" else "Running"
 
 
+def run_pre_stop(hook: dict, timeout: float, *, cwd: str | os.PathLike, env: dict[str, str],
+                 host: str, container: dict) -> str | None:
+    """Run a preStop hook (exec or httpGet) for at most `timeout` seconds, as the kubelet runs
+    it in the container; returns why it failed, or None. An exec hook runs as a local process
+    with the container's environment; one that outlasts the timeout is killed."""
+    if "exec" in hook:
+        proc = subprocess.Popen(hook["exec"].get("command") or [], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return f"exec did not finish within {timeout:g} s"
+        if proc.returncode:
+            return f"exec exited with {proc.returncode}: {out.decode(errors='replace')[-300:]}"
+        return None
+    if "httpGet" in hook:
+        h = hook["httpGet"]
+        url = (f"{h.get('scheme', 'HTTP').lower()}://{h.get('host') or host}:"
+               f"{probe_port(container, h['port'])}{h.get('path', '/')}")
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as rsp:
+                rsp.read()
+        except (OSError, ValueError) as exc:
+            return f"httpGet {url}: {exc}"
+        return None
+    return "no handler the simulator runs (exec, httpGet)"
+
+
+def stop_process_group(pid: int, done: threading.Event, grace: float,
+                       pre_stop: Callable[[float], object] | None = None) -> None:
+    """The kubelet's container stop: the preStop hook gets up to `grace` seconds, SIGTERM then
+    gets what is left (whole seconds, at least MIN_GRACE_S), then SIGKILL."""
+    started = time.monotonic()
+    if pre_stop is not None and grace > 0:
+        hook = threading.Thread(target=pre_stop, args=(grace,), daemon=True)
+        hook.start()
+        hook.join(grace)
+    left = max(MIN_GRACE_S, grace - int(time.monotonic() - started))
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    if not done.wait(left):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        done.wait(10)
+
+
 # ----------------------------------------------------------------- container runtime
 
 @dataclass
@@ -305,6 +358,7 @@ class Container:
         self.finished = threading.Event()  # no more restarts
         self.kill_reason: str | None = None
         self.stop = threading.Event()
+        self.env: dict[str, str] = {}  # the environment of the last start (hooks run in it)
 
     # -- the kubelet's view for pods/status
     def status(self) -> dict:
@@ -373,7 +427,7 @@ class Container:
         inst = Instance(index, self.dir / f"{index}.log", f"sim://{uuid.uuid4().hex}")
         try:
             argv = self.pod.sim.command_for(self.spec, self.pod.ip)
-            env = self.pod.container_env(self.spec)
+            env = self.env = self.pod.container_env(self.spec)
             inst.proc = subprocess.Popen(
                 argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -427,16 +481,20 @@ class Container:
         stream.close()
 
     def terminate(self, grace: float) -> None:
-        """SIGTERM the running instance's process group, SIGKILL after grace seconds."""
+        """Stop the running instance as the kubelet does (stop_process_group): its preStop
+        hook first, within the grace period, then SIGTERM, then SIGKILL."""
         inst = self.instances[-1] if self.instances else None
         if not inst or not inst.proc or inst.done.is_set():
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(inst.proc.pid, signal.SIGTERM)
-        if not inst.done.wait(grace):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(inst.proc.pid, signal.SIGKILL)
-            inst.done.wait(10)
+        hook = (self.spec.get("lifecycle") or {}).get("preStop")
+        stop_process_group(inst.proc.pid, inst.done, grace,
+                           (lambda timeout: self._pre_stop(hook, timeout)) if hook else None)
+
+    def _pre_stop(self, hook: dict, timeout: float) -> None:
+        failed = run_pre_stop(hook, timeout, cwd=self.dir, env=self.env, host=self.pod.ip,
+                              container=self.spec)
+        if failed:
+            log.info("%s/%s: preStop hook: %s", self.pod.key, self.name, failed)
 
     # -- probes
     def _probe_loop(self, inst: Instance) -> None:

@@ -4,7 +4,10 @@ The node simulator runs this in place of `vllm serve` so the operator can be tes
 without a GPU. It imitates what the operator observes from outside: the port refusing
 connections while the engine loads, /health, /metrics gauges under load, and the log lines of
 real releases (shapes copied from the logs in shared/data/vllm-logs). Faults are injected by
-env at start (VLM_SIM_FAULT) or at run time with POST /sim/fault on the serving port.
+env at start (VLM_SIM_FAULT) or at run time with POST /sim/fault on the serving port. On SIGTERM
+it exits at once, cutting the requests in flight: the pessimistic case (what a real server does
+with them depends on its version), which the pod's preStop hook (builders.PRESTOP_SCRIPT) is
+there to make moot.
 
 Usage: python -m vlm_testbed.vllmsim <model> [vLLM serve flags...]   (unknown flags ignored)
 

@@ -113,7 +113,9 @@ What the operator does inside a watched namespace, read off the code:
 Cluster-scoped reads, needed in every mode:
 - customresourcedefinitions: kopf scans and watches them to find its resources.
 - rbac.gpuCapacity: the Builtin autoscaler lists Nodes and all Pods (every namespace: GPUs
-  requested by anyone's pods are not free) and PriorityClasses, to cap scale-ups by free GPUs.
+  requested by anyone's pods are not free) and PriorityClasses, to cap scale-ups by free GPUs;
+  surge replacements ask the same budget; Nodes are watched for drains (cordoned, or tainted by
+  the cluster autoscaler or Karpenter), so a drain is noticed within a second.
 - namespaces (namespaced mode only): kopf lists/watches them to start per-namespace watches.
 - clusterkopfpeerings (cluster-wide mode only): kopf's peering object.
 */}}
@@ -124,7 +126,7 @@ Cluster-scoped reads, needed in every mode:
 {{- if .Values.rbac.gpuCapacity }}
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["pods"]
