@@ -163,6 +163,32 @@ def test_active_only_once_a_tokenizer_is_pooled(lines):
     ]
 
 
+@pytest.mark.parametrize("configured", [True, False], ids=["vllm-configured", "before-vllm"])
+def test_active_is_a_warning_where_vllm_logs_no_info(lines, monkeypatch, configured):
+    """VLLM_LOGGING_LEVEL=WARNING drops INFO lines: the `active` line then comes at WARNING,
+    or a patched pod would look unpatched. Before vLLM configured its logging the plugin reads
+    the level from the environment, as vLLM will."""
+    pytest.importorskip("transformers")
+    from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
+
+    vllm_logger = logging.getLogger("vllm")
+    saved = vllm_logger.level, vllm_logger.handlers[:]
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "warning")
+    if configured:  # what vLLM's dictConfig leaves: a handler and the level on "vllm"
+        vllm_logger.handlers = [logging.NullHandler()]
+        vllm_logger.setLevel(logging.WARNING)
+    else:
+        vllm_logger.handlers = []
+    try:
+        _hooked(build_fast_tokenizer(8000))
+    finally:
+        vllm_logger.setLevel(saved[0])
+        vllm_logger.handlers = saved[1]
+    assert lines == [
+        ("WARNING", "vlm-tokenizer-pool active: vllm=0.33.0 pool_size=3 patched=a.B.__init__")
+    ]
+
+
 def test_a_tokenizer_that_cannot_be_pooled_logs_inactive_even_after_active(lines):
     pytest.importorskip("transformers")
     from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
