@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default="0",
                      help="this process's shard, 0..shards-1, or 'auto': the ordinal of a "
                           "StatefulSet pod (POD_NAME, else the host name)")
+    run.add_argument("--log-mark-seconds", type=float, default=300.0,
+                     help="at most one resume mark per followed pod this often (a pod "
+                          "annotation: where a restarted operator resumes reading its log); "
+                          "default 300")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     policy = run.add_argument_group(
         "policy", "What a VLMDeployment may ask for (all off by default); a spec that breaks "

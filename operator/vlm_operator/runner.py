@@ -165,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
             memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
-            replica_fits=memo.autoscaler.replica_fits)
+            replica_fits=memo.autoscaler.replica_fits,
+            may_mark=peering.may_act if peering else None,
+            mark_every_s=args.log_mark_seconds)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()
