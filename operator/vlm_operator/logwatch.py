@@ -175,9 +175,9 @@ class LogWatch:
 
     # -- from follower threads
     def lookback_s(self, namespace: str, name: str) -> float:
-        """How much log before now a fresh follower re-reads: the longest incident window of
-        the VLMDeployment's policy (its spec is read if it is not known yet), so counts in a
-        window survive an operator restart; MAX_REPLAY_S when it cannot be read."""
+        """How much log before now a fresh follower re-reads: the longest window of the
+        VLMDeployment's log signatures (its spec is read if it is not known yet), so counts in
+        a window survive an operator restart; MAX_REPLAY_S when it cannot be read."""
         owner = self.remediator.known(namespace, name)
         if owner is None or owner.policy is None:
             try:
@@ -188,7 +188,10 @@ class LogWatch:
         policy = owner.policy if owner is not None else None
         if policy is None:
             return logfollow.MAX_REPLAY_S
-        return max(rule.window_s for rule in policy.rules.values())
+        keys = {key for signature, key in policy.signature_policy.items()
+                if signature not in remediation.NOT_FROM_LOG}
+        return max((rule.window_s for key, rule in policy.rules.items() if key in keys),
+                   default=0.0)
 
     def write_mark(self, follower: Follower, mark: Mark) -> None:
         """The follower's resume mark on its pod (only from the replica that acts)."""

@@ -56,6 +56,8 @@ SIGNATURE_POLICY = {
     "engine_stalled": "engineStalled",  # from stall_watch.py, not from the log
     "api_unresponsive": "apiUnresponsive",
 }
+# Signals stall_watch.py finds, not the log (a log replay never refills their windows).
+NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
 # Signals that prove the pod serves nothing, whatever its readiness says.
 NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
 INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable

@@ -82,3 +82,18 @@ def test_failing_pods_look_only_at_pods_with_incidents():
         assert watch.windows.uids() == set() and watch.failing_pods("ml", "demo") == set()
     finally:
         watch.stop()
+
+
+def test_a_fresh_follower_rereads_the_longest_log_window_only():
+    """Counts in an incident window survive an operator restart by re-reading that much log;
+    stall detection's window is not the log's, so it does not lengthen the replay."""
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({"health": {
+            "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
+            "engineStalled": {"stallSeconds": 600},
+            "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
+                                 "windowSeconds": 45}]}})
+        assert watch.lookback_s("ml", "demo") == 45
+    finally:
+        watch.stop()
