@@ -19,7 +19,7 @@ without a DELETED event gets there).
 A fresh operator process does not re-read a long log: the follower writes a resume mark on the
 pod (annotation LOG_MARK: the container, the second of the last line handled, what the log said
 about the tokenizer pool and engine death) at most once every `mark_every_s` while lines come,
-and a follower that finds a mark of the current container starts at the earlier of that second
+and a follower that finds a mark of the current container starts after the earlier of that line
 and the incident windows it must refill (`lookback_s`, at most MAX_REPLAY_S); with no mark it
 reads the container's log from its start, as before any mark was written.
 
@@ -95,18 +95,23 @@ def since_time(sec: int) -> str:
     return dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def stamp_of(ns: int) -> str:
+    """Epoch nanoseconds as RFC3339Nano (UTC), the kubelet's line stamp."""
+    return f"{since_time(ns // 1_000_000_000)[:-1]}.{ns % 1_000_000_000:09d}Z"
+
+
 @dataclass(frozen=True, slots=True)
 class Mark:
     """Where a container's log was read up to, and what had been learnt from it before."""
 
     container: str  # the containerID it belongs to
-    sec: int  # epoch second of the last line handled
+    ns: int  # the kubelet's stamp of the last line handled, epoch nanoseconds
     plugin: str | None = None  # Follower.plugin
     engine_dead_at: float | None = None
     readable: bool = False  # a line with vLLM's header had been seen
 
     def value(self) -> str:
-        return json.dumps({"container": self.container, "time": since_time(self.sec),
+        return json.dumps({"container": self.container, "time": stamp_of(self.ns),
                            "plugin": self.plugin, "engineDeadAt": self.engine_dead_at,
                            "readable": self.readable}, sort_keys=True)
 
@@ -122,7 +127,7 @@ def parse_mark(annotations: Mapping[str, str] | None) -> Mark | None:
         if stamp is None:
             return None
         plugin, dead = data.get("plugin"), data.get("engineDeadAt")
-        return Mark(str(data["container"]), stamp // 1_000_000_000,
+        return Mark(str(data["container"]), stamp,
                     str(plugin)[:MAX_MARK_TEXT] if plugin is not None else None,
                     float(dead) if dead is not None else None, data.get("readable") is True)
     except (KeyError, TypeError, ValueError):
@@ -131,12 +136,15 @@ def parse_mark(annotations: Mapping[str, str] | None) -> Mark | None:
 
 def resume_point(mark: Mark | None, container: str | None, now: float,
                  lookback_s: float) -> tuple[int | None, Mark | None]:
-    """(the second to start reading the current container's log at, the mark that applies) for
-    a follower with nothing in memory. The mark applies to its own container only; the replay
-    reaches back `lookback_s` (incident windows) before now, and never starts after the mark."""
-    if mark is None or not container or mark.container != container or mark.sec > now + 60:
+    """(the epoch nanosecond to start reading the current container's log after, the mark that
+    applies) for a follower with nothing in memory. The mark applies to its own container only;
+    the replay reaches back `lookback_s` (incident windows) before now, and never starts after
+    the mark: where the mark is older, the lines up to and with it are not read again."""
+    if mark is None or not container or mark.container != container or \
+            mark.ns > (now + 60) * 1e9:
         return None, None
-    return max(0, min(mark.sec, int(now - lookback_s))), mark
+    back = int((now - lookback_s) * 1e9)
+    return max(0, min(mark.ns, back - 1)), mark
 
 
 class Throttled:
@@ -163,15 +171,17 @@ class Throttled:
 
 
 class Dedupe:
-    """Lines already seen, for resuming a stream with a second-precision sinceTime."""
+    """Lines already seen, for resuming a stream with a second-precision sinceTime; `floor`:
+    lines stamped at or before it were handled by an earlier operator process (its mark)."""
 
     def __init__(self) -> None:
         self.sec = 0
+        self.floor = 0
         self.seen: set[tuple[int, str]] = set()
 
     def fresh(self, ns: int, text: str) -> bool:
         sec = ns // 1_000_000_000
-        if sec < self.sec or (ns, text) in self.seen:
+        if sec < self.sec or ns <= self.floor or (ns, text) in self.seen:
             return False
         if sec > self.sec:
             self.sec, self.seen = sec, set()
@@ -447,7 +457,8 @@ class Follower(threading.Thread):
             min(MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
         if mark is None:
             return
-        self.dedupe.sec = max(self.dedupe.sec, since or 0)
+        self.dedupe.sec = max(self.dedupe.sec, since // 1_000_000_000)
+        self.dedupe.floor = since
         self.plugin, self.engine_dead_at = mark.plugin, mark.engine_dead_at
         self.readable_before = mark.readable
 
@@ -523,6 +534,6 @@ class Follower(threading.Thread):
             return
         self._mark_at, self._marked_ns = now, self._last_ns
         self.sink.write_mark(self, Mark(
-            self._container, self._last_ns // 1_000_000_000,
+            self._container, self._last_ns,
             self.plugin[:MAX_MARK_TEXT] if self.plugin else None, self.engine_dead_at,
             self.readable))

@@ -283,17 +283,19 @@ def test_throttled_counts_what_it_holds_back(caplog):
 
 
 def test_the_resume_mark_round_trip_and_where_a_fresh_follower_starts():
-    mark = Mark("cri://a", 1796065200, "inactive: HfRenderer not found", 1796065100.5, True)
+    at = 1796065200_123456789
+    mark = Mark("cri://a", at, "inactive: HfRenderer not found", 1796065100.5, True)
+    assert json.loads(mark.value())["time"] == "2026-11-30T19:00:00.123456789Z"
     assert parse_mark({LOG_MARK: mark.value()}) == mark
     now = 1796065200 + 3600.0
-    # the mark is old: resume there (nothing after it was handled)
-    assert resume_point(mark, "cri://a", now, 60) == (1796065200, mark)
+    # the mark is old: resume after it (nothing after it was handled)
+    assert resume_point(mark, "cri://a", now, 60) == (at, mark)
     # the mark is recent: go back far enough to refill the incident windows
-    assert resume_point(mark, "cri://a", 1796065210.0, 60)[0] == 1796065150
+    assert resume_point(mark, "cri://a", 1796065210.0, 60)[0] == 1796065150_000000000 - 1
     # another container's mark, none, or one from the future: from the container's start
     assert resume_point(mark, "cri://b", now, 60) == (None, None)
     assert resume_point(None, "cri://a", now, 60) == (None, None)
-    assert resume_point(mark, "cri://a", mark.sec - 3600, 60) == (None, None)
+    assert resume_point(mark, "cri://a", at / 1e9 - 3600, 60) == (None, None)
 
 
 @pytest.mark.parametrize("raw", ["", "{", "[]", '{"container": "a"}', '{"time": "x"}',
@@ -306,7 +308,7 @@ def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
     """An operator restart re-read the whole log from the container's start (and a pod that
     floods its log made every restart replay all of it); with the mark, only what follows it
     and the last incident window are read, and the plugin state comes from the mark."""
-    mark = Mark("cri://a", int(time.time()) - 3600, "active", None, True)
+    mark = Mark("cri://a", (int(time.time()) - 3600) * 1_000_000_000 + 5, "active", None, True)
     sink = Sink()
     follower = Follower(sink, pod_of(annotations={LOG_MARK: mark.value()}))
     follower.start()
@@ -314,8 +316,11 @@ def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
         until("the log stream opened", lambda: sink.api.requests)
     finally:
         follower.stop()
-    assert sink.api.requests[0]["sinceTime"] == logfollow.since_time(mark.sec)
+    assert sink.api.requests[0]["sinceTime"] == logfollow.since_time(mark.ns // 1_000_000_000)
     assert follower.plugin == "active" and follower.readable
+    # the lines of that second up to the mark were handled before; the ones after were not
+    assert not follower.dedupe.fresh(mark.ns, "handled")
+    assert follower.dedupe.fresh(mark.ns + 1, "new")
 
 
 def test_marks_are_written_at_a_bounded_rate_for_the_current_container():
@@ -328,4 +333,4 @@ def test_marks_are_written_at_a_bounded_rate_for_the_current_container():
     follower._mark_at -= 3600
     for i in range(50):
         follower._line(f"2026-11-30T19:01:{i:02d}.5Z line {i}")
-    assert [(m.container, m.sec) for m in sink.marks] == [("cri://a", 1796065260)]
+    assert [(m.container, m.ns) for m in sink.marks] == [("cri://a", 1796065260_500000000)]
