@@ -61,9 +61,10 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 120.0  # a quiet stream is re-opened (cheap: resumed with sinceTime)
 CONNECT_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0
-END_PAUSE_S = 0.5  # after a clean end (the container exited) before looking again
+END_WAIT_S = 10.0  # after a clean end (the container exited): the most to wait for its event
 NOT_RUNNING_RECHECK_S = 600.0  # a pod not running and without events this long is read once
 MAX_LINE_BYTES = 64 * 1024
+MAX_DEDUPE = 4096  # lines of one second remembered for de-duplication (Dedupe)
 PREVIOUS_ATTEMPTS = 4  # reads of a previous container's log before it is given up
 ERROR_LOG_EVERY_S = 60.0  # one log line per recurring error per follower, the rest counted
 LOG_MARK = f"{PREFIX}/log-mark"  # pod annotation: where a fresh follower resumes
@@ -172,20 +173,26 @@ class Throttled:
 
 class Dedupe:
     """Lines already seen, for resuming a stream with a second-precision sinceTime; `floor`:
-    lines stamped at or before it were handled by an earlier operator process (its mark)."""
+    lines stamped at or before it were handled by an earlier operator process (its mark).
+    Lines of the latest second are remembered by (stamp, hash of the text), at most
+    MAX_DEDUPE of them: a log that writes more in one second (a flood) may have a few lines
+    counted twice after a reconnect in that second, which incident windows absorb (they count
+    each time once), instead of costing memory without bound."""
 
     def __init__(self) -> None:
         self.sec = 0
         self.floor = 0
-        self.seen: set[tuple[int, str]] = set()
+        self.seen: set[tuple[int, int]] = set()
 
     def fresh(self, ns: int, text: str) -> bool:
         sec = ns // 1_000_000_000
-        if sec < self.sec or ns <= self.floor or (ns, text) in self.seen:
+        key = (ns, hash(text))
+        if sec < self.sec or ns <= self.floor or key in self.seen:
             return False
         if sec > self.sec:
             self.sec, self.seen = sec, set()
-        self.seen.add((ns, text))
+        if len(self.seen) < MAX_DEDUPE:
+            self.seen.add(key)
         return True
 
 
@@ -231,12 +238,13 @@ ENDED, QUIET, ERROR = "ended", "quiet", "error"
 def retry_wait(outcome: str, delay: float, ran_for: float) -> tuple[float, float]:
     """(seconds to wait now, the back-off for the next error) after a stream stopped.
 
-    ENDED: a clean end (the container exited): pause briefly while its status catches up
-    instead of polling in a tight loop. QUIET: the read timeout of a healthy idle stream:
+    ENDED: a clean end (the container exited): wait (at most this long) for the pod event
+    that says what came of it, instead of polling in a tight loop. QUIET: the read timeout of
+    a healthy idle stream:
     reopen at once. ERROR: exponential back-off, started afresh after a stream that had run
     for a while, so one old failure never slows detection after a quiet period."""
     if outcome == ENDED:
-        return END_PAUSE_S, RETRY_MIN_S
+        return END_WAIT_S, RETRY_MIN_S
     if outcome == QUIET:
         return 0.0, RETRY_MIN_S
     if ran_for > RETRY_MAX_S:
@@ -399,8 +407,27 @@ class Follower(threading.Thread):
                     log.info("log of %s/%s: %s; reconnecting", self.namespace, self.name, exc)
             LOG_RECONNECTS.inc()
             wait, delay = retry_wait(outcome, delay, time.monotonic() - opened)
-            # a clean end (the container exited): its pod event may end the pause early
-            (self.woken if outcome == ENDED else self.stopped).wait(wait)
+            if outcome == ENDED:
+                self._await_exit_news(wait)
+            else:
+                self.stopped.wait(wait)
+
+    def _await_exit_news(self, most_s: float) -> None:
+        """After a clean end (the container exited), wait for the pod event that says what came
+        of it (terminated, waiting, a new container) before the log is read again: a stream
+        opened while the pod still looked like the old container running would read the new
+        container's log as the old one's, and its restart would go unseen. A stream that ended
+        for another reason is reopened after most_s."""
+        deadline = time.monotonic() + most_s
+        while not self.stopped.is_set():
+            pod = self.pod
+            if (not is_running(pod) or restart_count(pod) > self.restarts
+                    or container_status(pod).get("containerID") != self._container):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.woken.wait(left):
+                return
+            self.woken.clear()
 
     def _still_there(self) -> bool:
         """The safety re-check of a pod not running that had no event for a long time: read

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vlm_operator.logfollow import (
-    END_PAUSE_S,
+    END_WAIT_S,
     ENDED,
     ERROR,
     QUIET,
@@ -65,8 +65,8 @@ def test_stamp_parsing():
 
 
 def test_retry_wait():
-    # a clean end (container exit) pauses instead of polling the apiserver in a tight loop
-    assert retry_wait(ENDED, 8.0, 0.1) == (END_PAUSE_S, RETRY_MIN_S) and END_PAUSE_S > 0
+    # a clean end (container exit) waits for the pod's event instead of polling the apiserver
+    assert retry_wait(ENDED, 8.0, 0.1) == (END_WAIT_S, RETRY_MIN_S) and END_WAIT_S > 0
     # the read timeout of a quiet, healthy stream: reopen now, back-off starts afresh
     assert retry_wait(QUIET, 8.0, 120.0) == (0.0, RETRY_MIN_S)
     # errors back off exponentially up to a cap...
@@ -334,3 +334,33 @@ def test_marks_are_written_at_a_bounded_rate_for_the_current_container():
     for i in range(50):
         follower._line(f"2026-11-30T19:01:{i:02d}.5Z line {i}")
     assert [(m.container, m.ns) for m in sink.marks] == [("cri://a", 1796065260_500000000)]
+
+
+def test_after_a_container_exit_the_log_is_read_again_only_once_its_pod_event_came():
+    """The stream ends when the container exits; reopened while the pod still looked like the
+    old container running, it would read the new container's log as the old one's and never
+    read the previous log. The follower waits for the pod event first."""
+    sink = Sink()  # every stream ends at once, as the exited container's does
+    follower = Follower(sink, pod_of())
+    follower.start()
+    try:
+        until("the first stream", lambda: sink.api.requests)
+        time.sleep(1.0)
+        assert len(sink.api.requests) == 1  # no reopening on a stale "running"
+        follower.hand(pod_of(restarts=1, container="cri://b"))
+        until("the previous log, then the new container's",
+              lambda: len(sink.api.requests) >= 3)
+    finally:
+        follower.stop()
+    assert [("previous" in q, "follow" in q) for q in sink.api.requests[:3]] == [
+        (False, True), (True, False), (False, True)]
+
+
+def test_dedupe_memory_is_bounded_in_a_flood_second():
+    """A pod that writes 200,000 lines in one second: every (stamp, text) of the second was
+    kept until the next second."""
+    d = Dedupe()
+    for i in range(200_000):
+        assert d.fresh(5_000_000_000 + i, "x" * 100 + str(i))
+    assert len(d.seen) == logfollow.MAX_DEDUPE
+    assert not d.fresh(5_000_000_000, "x" * 100 + "0")  # remembered: dropped on a replay
