@@ -41,6 +41,7 @@ READY_TIMEOUT_S = 120.0
 # Remediation off: every built-in signal only counted (what probes alone would do).
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"}}
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
+LOGGING_PREFIX = [{"name": "VLLM_LOGGING_PREFIX", "value": "[vllm] "}]
 
 Instance = tuple[str, int]  # (pod uid, container restart count)
 
@@ -265,12 +266,14 @@ class Row:
     must_not: str = ""  # rows about what must not happen: that, instead of a recovery time
 
 
-def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False):
-    """exit_code None: the engine dies and the process stays alive (keep-alive)."""
+def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False,
+                 env: list | None = None):
+    """exit_code None: the engine dies and the process stays alive (keep-alive); `env`: more
+    of spec.vllm.env (vLLM's logging settings)."""
     def run(bed: Bed, health: dict | None) -> Observed:
         bed.nodes(gpus_per_node=replicas + 1)
         bed.create("row", replicas=replicas, health=health,
-                   env=KEEP_ALIVE if exit_code is None else None)
+                   env=(KEEP_ALIVE if exit_code is None else []) + (env or []))
         pods = bed.wait_ready("row", replicas)
         hit = pods if hit_all else pods[:1]
         faulted = {instance(p) for p in hit}
@@ -484,6 +487,25 @@ def two_at_once(bed: Bed, health: dict | None) -> Observed:
     return seen
 
 
+def previous_log_refused(bed: Bed, health: dict | None) -> Observed:
+    """A node restart lost the runtime's record of the only replica's container: the kubelet
+    reports it ContainerStatusUnknown and answers 400 for its log. The new container's engine
+    then dies (the process stays alive: only its log tells): the follower must have moved on
+    to the new container."""
+    sim = bed.nodes(gpus_per_node=2)
+    bed.create("row", replicas=1, health=health, env=KEEP_ALIVE)
+    (pod,) = bed.wait_ready("row", 1)
+    sim.lose_container(bed.ns, pod.metadata.name, builders.CONTAINER)
+    (pod,) = bed.wait("the container started again", lambda: [
+        p for p in bed.ready("row") if instance(p)[1] == 1 and healthy(p.status.pod_ip)])
+    bed.wait("the unreadable log reported", lambda: bed.events("row")["PreviousLogUnavailable"],
+             timeout=30)
+    faulted = {instance(pod)}
+    start = time.time()
+    bed.fault(pod, {"fault": "engine_dead"})
+    return bed.follow("row", 1, faulted, start)
+
+
 def _metric(text: str, name: str, signature: str) -> float:
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples
@@ -522,4 +544,8 @@ ROWS = [
     Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
         standby_takes_over, probes=False, own_operator=True),
     Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+    Row("engine-dead-logging-prefix", "engine death with VLLM_LOGGING_PREFIX set, exits 0, "
+        "1 replica", engine_death(1, 0, env=LOGGING_PREFIX)),
+    Row("previous-log-refused", "previous container's log refused (node restart), then the "
+        "new container's engine dies", previous_log_refused),
 ]

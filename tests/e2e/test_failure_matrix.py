@@ -111,6 +111,11 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def previous_refused(seen: Observed) -> None:
+    dead(1)(seen)  # the new container was followed: its engine death was acted on
+    assert seen.events["PreviousLogUnavailable"] == 1, seen.events
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -122,6 +127,7 @@ CHECKS = {
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
     "two-vlmds-at-once": two_at_once,
+    "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
 }
 
 
