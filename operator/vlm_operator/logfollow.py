@@ -267,7 +267,7 @@ class Sink(Protocol):
 
     def previous_unreadable(self, follower: Follower, reason: str) -> None: ...
 
-    def log_readable(self, follower: Follower) -> None: ...
+    def log_news(self, follower: Follower) -> None: ...
 
 
 def container_status(pod: dict) -> dict:
@@ -329,6 +329,7 @@ class Follower(threading.Thread):
         self.plugin: str | None = None
         self.engine_dead_at: float | None = None
         self.readable_before = False  # the resume mark says vLLM's header was seen before it
+        self.reading_since: float | None = None  # when this container's log began to be read
         self._response = None
         self._timer: threading.Timer | None = None
         self._resumed = False  # the resume mark is looked at once, for the first container
@@ -392,6 +393,9 @@ class Follower(threading.Thread):
                 self._resume(pod)
                 self._container = container_status(pod).get("containerID")
                 opened = time.monotonic()
+                if self.reading_since is None:
+                    self.reading_since = time.time()
+                    self.sink.log_news(self)  # the startup line's grace counts from now
                 self._stream(previous=False)
                 outcome = ENDED
             except ReadTimeoutError:
@@ -470,6 +474,7 @@ class Follower(threading.Thread):
         self.plugin = None
         self.engine_dead_at = None
         self.readable_before = False
+        self.reading_since = None
         self._last_ns = self._marked_ns = 0
 
     def _resume(self, pod: dict) -> None:
@@ -546,7 +551,7 @@ class Follower(threading.Thread):
             if det.new_incident:
                 self.sink.detected(self, det, ns / 1e9 if ns else time.time())
         if not readable and self.readable:
-            self.sink.log_readable(self)
+            self.sink.log_news(self)
         if not self._previous and ns:
             self._last_ns = ns
             self._maybe_mark()

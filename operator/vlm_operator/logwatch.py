@@ -146,7 +146,8 @@ class LogWatch:
         now = time.time()
         found = remediation.pod_findings(
             pod, now=now, engine_dead_at=follower.engine_dead_at, plugin=follower.plugin,
-            log_off=_log_off(follower), log_unread=_log_unread(follower))
+            log_off=_log_off(follower), log_unread=_log_unread(follower),
+            reading_since=follower.reading_since)
         with self._lock:
             by_pod = self._findings.get((follower.namespace, follower.owner)) or {}
             changed = found != by_pod.get(follower.name)
@@ -154,7 +155,8 @@ class LogWatch:
                                                                     follower.name: found}
             new = [f for f in found if f.key not in self._events_sent]
             self._events_sent.update(f.key for f in new)
-        due = remediation.unpatched_due(pod, plugin=follower.plugin)
+        due = remediation.unpatched_due(pod, plugin=follower.plugin,
+                                        reading_since=follower.reading_since)
         if due is not None and due > now:  # no pod event comes when the grace runs out
             follower.recheck_at(due + 1, self._recheck)
         for finding in new:
@@ -218,8 +220,9 @@ class LogWatch:
             f"({reason}); what it logged before it ended is not known (a failure it showed "
             "is not acted on); the current container is followed"))
 
-    def log_readable(self, follower: Follower) -> None:
-        """The first line with vLLM's header in this container: findings again."""
+    def log_news(self, follower: Follower) -> None:
+        """The follower began reading this container's log, or its first line with vLLM's
+        header came: findings again (and the timer for the startup line's grace)."""
         self._recheck(follower)
 
     # -- detections (from follower threads)

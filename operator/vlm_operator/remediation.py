@@ -345,12 +345,13 @@ def _container_status(pod: Mapping) -> Mapping:
 
 def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
                  plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
-                 log_off: str | None = None, log_unread: str | None = None) -> list[Finding]:
+                 log_off: str | None = None, log_unread: str | None = None,
+                 reading_since: float | None = 0.0) -> list[Finding]:
     """Findings from one pod. engine_dead_at: time of the last engine_dead incident its log
     showed; plugin: "active", "inactive: <reason>" or None (no startup line seen in the
     current container); log_off: why its log cannot be read whatever it holds (None: it can);
     log_unread: while no line with vLLM's header was seen in the current container, what the
-    log looks like (None: one was)."""
+    log looks like (None: one was); reading_since: see unpatched_due."""
     name = (pod.get("metadata") or {}).get("name", "")
     cs = _container_status(pod)
     out = []
@@ -366,7 +367,7 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     if waiting == "CrashLoopBackOff":
         out.append(Finding("CrashLoopBackOff", f"{name}: the vllm container is crash-looping "
                            f"({cs.get('restartCount', 0)} restarts)", f"{name}/crashloop"))
-    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s)
+    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s, reading_since=reading_since)
     off = f"{name}/logoff/{cs.get('restartCount', 0)}"
     if plugin is not None and plugin.startswith("inactive"):
         out.append(Finding("Unpatched", f"{name}: tokenizer pool plugin {plugin}",
@@ -383,14 +384,19 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     return out
 
 
-def unpatched_due(pod: Mapping, *, plugin: str | None,
-                  grace_s: float = UNPATCHED_GRACE_S) -> float | None:
-    """When a ready pod without the plugin's startup line becomes Unpatched (None: it cannot)."""
+def unpatched_due(pod: Mapping, *, plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
+                  reading_since: float | None = 0.0) -> float | None:
+    """When a ready pod without the plugin's startup line becomes Unpatched, or LogDetectionOff
+    if no line of its log could be read (None: it cannot yet). reading_since: when the
+    operator began reading the current container's log (None: not yet); the grace counts from
+    the later of that and readiness, so a fresh operator process never reports a long-ready
+    pod before it has read its log."""
     ready = _ready_condition(pod)
     since = parse_time(ready.get("lastTransitionTime"))
-    if plugin is not None or ready.get("status") != "True" or since is None:
+    if plugin is not None or ready.get("status") != "True" or since is None or \
+            reading_since is None:
         return None
-    return since + grace_s
+    return max(since, reading_since) + grace_s
 
 
 def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:

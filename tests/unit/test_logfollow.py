@@ -178,7 +178,7 @@ class Sink:
     def previous_unreadable(self, follower, reason):
         self.unreadable.append(reason)
 
-    def log_readable(self, follower):
+    def log_news(self, follower):
         pass
 
 

@@ -356,3 +356,15 @@ def test_an_unreadable_log_is_log_detection_off_never_unpatched(age, plugin, log
         assert report.reason == "LogUnreadable" and "p0: log detection off: " in report.message
         assert found[0].key == "p0/logoff/0"
     assert log_detection_report({}) is None
+
+
+def test_the_startup_line_grace_counts_from_when_the_log_began_to_be_read():
+    """A fresh operator process sees pods ready for hours before its followers have read a
+    line: it reported them Unpatched (an Event each) at once, then took it back."""
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=None) == []
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3590) == []
+    (f,) = pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3500)
+    assert f.kind == "Unpatched"
