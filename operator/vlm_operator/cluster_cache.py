@@ -288,8 +288,9 @@ class ClusterCache:
         return nodes, autoscaling.free_by_node(nodes, self._gpu_pods().values())
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        """Managed pods of `namespace` matching an equality `selector`, as Kube.list_pods
-        (rounds.py reads these every second); raises Stale."""
+        """Managed pods of `namespace` matching an equality `selector` whose owner chain leads
+        to the operator, as Kube.list_pods (rounds.py reads these every second); raises
+        Stale."""
         if self.namespaced:
             self._stop_idle()
             informer = self._informer(f"managed-pods {namespace}",
@@ -300,8 +301,8 @@ class ClusterCache:
                                       (("labelSelector", MANAGED),), _pod_key)
         wanted = _labels(selector)
         pods = informer.indexed((namespace, wanted.get("app.kubernetes.io/instance", "")))
-        return [p for p in pods if all((p["metadata"].get("labels") or {}).get(k) == v
-                                       for k, v in wanted.items())]
+        return self.kube.owned_pods([p for p in pods if all(
+            (p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())])
 
     def _keep_pod(self, pod: dict) -> dict | None:
         return _slim(pod) if self.owns(*_pod_key(pod)) else None

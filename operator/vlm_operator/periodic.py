@@ -43,13 +43,16 @@ Key = tuple[str, str]
 class Periodic:
     def __init__(self, *, tick: Callable[[dict], object], resync: Callable[[str, str], None],
                  forget: Callable[[str, str], None],
+                 sweep: Callable[[set[Key]], None] = lambda tracked: None,
                  may_act: Callable[[str], bool] | None = None,
                  watchdog: Watchdog | None = None,
                  round_s: float = ROUND_SECONDS,
                  resync_s: float = RESYNC_SECONDS, check_s: float = CHECK_SECONDS) -> None:
         """`tick(body)`: one round of a VLMDeployment; `resync(ns, name)`: one reconcile (logs
-        its own errors); `forget(ns, name)`: drop its round state; `may_act(ns)`: peering.py."""
-        self._tick, self._resync, self._forget = tick, resync, forget
+        its own errors); `forget(ns, name)`: drop its round state; `sweep(tracked)`: once a
+        resync, drop what is kept for VLMDeployments no longer tracked; `may_act(ns)`:
+        peering.py."""
+        self._tick, self._resync, self._forget, self._sweep = tick, resync, forget, sweep
         self._may_act = may_act or (lambda namespace: True)
         self.watchdog = watchdog or Watchdog()
         self.round_s, self.resync_s = round_s, resync_s
@@ -152,6 +155,8 @@ class Periodic:
                 tracked = key in self._bodies
             if tracked:
                 self.watchdog.beat(round_loop(*key), self.round_s)
+            else:  # it went while this round ran: drop what the round kept or wrote again
+                self._forget(*key)
 
     def _failed(self, key: Key, exc: Exception) -> None:
         with self._lock:
@@ -167,6 +172,9 @@ class Periodic:
     def _resync_round(self) -> None:
         """Every VLMDeployment once, spread over RESYNC_SPREAD of the period: 200 reconciles
         at once would be a burst of some 2,000 requests to the apiserver every 5 minutes."""
+        with self._lock:
+            tracked = set(self._bodies)
+        self._sweep(tracked)
         bodies = self._mine()
         gap = self.resync_s * RESYNC_SPREAD / max(1, len(bodies))
         for i, body in enumerate(bodies):

@@ -13,6 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
+from vlm_operator import metrics
 from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.cluster_cache import ClusterCache
 from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
@@ -95,6 +96,14 @@ def get_shard(args: argparse.Namespace) -> Shard:
     return Shard(index, max(1, args.shards))
 
 
+def get_policy(args: argparse.Namespace) -> Policy:
+    """The admin's policy from `vlm-operator run`'s flags."""
+    return Policy(tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label,
+                  deny_code_options=args.deny_code_options,
+                  autoscaling_modes=tuple(args.autoscaling_modes or Policy.autoscaling_modes),
+                  prometheus_addresses=tuple(args.keda_prometheus_addresses))
+
+
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
     settings.peering.name = get_shard(args).peering(args.peering)
     settings.peering.priority = args.priority
@@ -149,8 +158,7 @@ def run(args: argparse.Namespace) -> int:
         api = _api_client()
         if not args.standalone:
             ensure_peering(api, peering_name, args.namespaces)
-        memo.reconciler = Reconciler(Kube(api), Policy(
-            tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label))
+        memo.reconciler = Reconciler(Kube(api), get_policy(args))
         watchdog = Watchdog()
         # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
         memo.cluster = ClusterCache(memo.reconciler.kube, args.namespaces, watchdog,
@@ -173,8 +181,13 @@ def run(args: argparse.Namespace) -> int:
         memo.scraper = Scraper()
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
                         StallWatch(memo.logwatch.remediator), memo.autoscaler)
+        def forget(namespace: str, name: str) -> None:
+            """The VLMDeployment is gone (or another shard's): its round state and series."""
+            rounds.forget(namespace, name)
+            metrics.forget_vlmd(namespace, name)
+
         memo.periodic = Periodic(
-            tick=rounds.tick, forget=rounds.forget,
+            tick=rounds.tick, forget=forget, sweep=metrics.keep_only,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
             may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:

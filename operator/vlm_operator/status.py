@@ -116,7 +116,8 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     conditions = set_condition(conditions, "Ready", *ready_c, now, generation)
     conditions = set_condition(conditions, "Progressing", *progress_c, now, generation)
 
-    apply_failed = next((r for r in reports if r.reason == "ApplyFailed"), None)
+    apply_failed = next((r for r in reports if r.reason in ("ApplyFailed", "ObjectNotOwned")),
+                        None)
     if apply_failed:
         degraded_c = ("True", apply_failed.reason, apply_failed.message)
     elif crashing:

@@ -506,6 +506,34 @@ def previous_log_refused(bed: Bed, health: dict | None) -> Observed:
     return bed.follow("row", 1, faulted, start)
 
 
+def existing_service(bed: Bed, health: dict | None) -> Observed:
+    """Another app's Service already has the VLMDeployment's name: it is never changed (no
+    selector rewritten, no owner added) nor deleted with the VLMDeployment; the VLMDeployment
+    still serves through its Deployment and says why it has no Service of its own."""
+    bed.nodes(gpus_per_node=1)
+    theirs = bed.core.create_namespaced_service(bed.ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "row"},
+        "spec": {"selector": {"app": "their-app"},
+                 "ports": [{"name": "http", "port": builders.PORT, "targetPort": builders.PORT}]}})
+    start = time.time()
+    bed.create("row", replicas=1, health=health)
+    seen = bed.follow("row", 1, set(), start)
+    degraded = bed.wait("Degraded", lambda: (c := bed.condition("row", "Degraded"))
+                        and c.get("status") == "True" and c)
+    seen.notes["degraded"] = {k: degraded.get(k) for k in ("reason", "message")}
+    bed.custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, bed.ns, crd.PLURAL, "row")
+    apps = client.AppsV1Api(bed.api)
+    bed.wait("the Deployment collected", lambda: not apps.list_namespaced_deployment(
+        bed.ns).items)
+    after = bed.core.read_namespaced_service("row", bed.ns)
+    seen.notes["service_kept"] = (after.metadata.uid == theirs.metadata.uid
+                                  and after.metadata.resource_version
+                                  == theirs.metadata.resource_version)
+    seen.notes["service_owners"] = [r.kind for r in after.metadata.owner_references or []]
+    seen.notes["service_selector"] = after.spec.selector
+    return seen
+
+
 def _metric(text: str, name: str, signature: str) -> float:
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples
@@ -548,4 +576,7 @@ ROWS = [
         "1 replica", engine_death(1, 0, env=LOGGING_PREFIX)),
     Row("previous-log-refused", "previous container's log refused (node restart), then the "
         "new container's engine dies", previous_log_refused),
+    Row("existing-service", "another app's Service has the VLMDeployment's name",
+        existing_service, probes=False,
+        must_not="the Service is never changed nor deleted with the VLMDeployment"),
 ]

@@ -131,11 +131,12 @@ def api(cluster: Cluster) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, api: Any) -> Iterator[Any]:
     """One operator process for the session, watching only namespaces named e2e-op-*."""
-    from kube_helpers import SESSION_NS_PREFIX
+    from kube_helpers import SESSION_KEDA_PROMETHEUS, SESSION_NS_PREFIX
 
     from vlm_testbed.operator_process import OperatorProcess
 
-    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*")
+    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*",
+                           "--keda-prometheus-address", SESSION_KEDA_PROMETHEUS)
     with proc:
         yield proc
     print(proc.log()[-3000:])

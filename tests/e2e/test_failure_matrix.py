@@ -116,6 +116,16 @@ def previous_refused(seen: Observed) -> None:
     assert seen.events["PreviousLogUnavailable"] == 1, seen.events
 
 
+def existing_service(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
+    assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
+    assert "Service row" in seen.notes["degraded"]["message"]
+    assert seen.events["ObjectNotOwned"] == 1
+    assert seen.notes["service_kept"], "the other app's Service was changed"
+    assert seen.notes["service_owners"] == []
+    assert seen.notes["service_selector"] == {"app": "their-app"}
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -126,7 +136,7 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once,
+    "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
     "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
 }
 

@@ -356,12 +356,32 @@ def test_autoscaler_objects_writable_only_when_enabled(helm):
         return {r: rule["verbs"] for _, rule in rules_of(docs) for r in rule["resources"]
                 if r in ("horizontalpodautoscalers", "scaledobjects")}
 
-    # A changed spec deletes the autoscaler object it no longer wants, after reading its owner.
-    assert verbs(template()) == {"horizontalpodautoscalers": ["get", "delete"],
-                                     "scaledobjects": ["get", "delete"]}
+    def modes(docs):
+        (dep,) = find(docs, "Deployment")
+        return [a.split("=", 1)[1] for a in dep["spec"]["template"]["spec"]["containers"][0][
+            "args"] if a.startswith("--autoscaling-mode=")]
+
+    # A mode not enabled is refused by the operator, and no permission on its objects is held.
+    assert verbs(template()) == {}
+    assert modes(template()) == ["Builtin"]
+    # An enabled mode: its objects read, written, and deleted when a spec no longer wants them.
     assert verbs(template(*VARIANTS["cluster-hpa-keda"])) == {
-        "horizontalpodautoscalers": ["get", "delete", "create", "patch"],
-        "scaledobjects": ["get", "delete", "create", "patch"]}
+        "horizontalpodautoscalers": ["get", "create", "patch", "delete"],
+        "scaledobjects": ["get", "create", "patch", "delete"]}
+    assert modes(template(*VARIANTS["cluster-hpa-keda"])) == ["Builtin", "HPA", "KEDA"]
+    assert verbs(template("--set", "rbac.keda=true")) == {
+        "scaledobjects": ["get", "create", "patch", "delete"]}
+
+
+def test_peering_objects_only_in_the_mode_that_uses_them(helm):
+    def peering_rules(docs):
+        return {r for _, rule in rules_of(docs) for r in rule["resources"] if "peering" in r}
+
+    assert peering_rules(template()) == {"clusterkopfpeerings"}
+    assert peering_rules(template(*VARIANTS["namespaced"])) == {"kopfpeerings"}
+    assert peering_rules(template(*VARIANTS["standalone"])) == set()
+    assert peering_rules(template(*VARIANTS["namespaced"], "--set",
+                                  "peering.standalone=true")) == set()
 
 
 @pytest.mark.parametrize("variant", ["defaults", "namespaced"])
@@ -420,7 +440,7 @@ def test_own_objects_policy_only_where_the_cluster_serves_it(helm):
     writable = {r for _, rule in rules_of(find(docs, "ClusterRole", "rel-vlm-operator"))
                 for r in rule["resources"]
                 if {"create", "patch", "update", "delete"} & set(rule["verbs"])}
-    assert writable - covered == {"events", "kopfpeerings", f"{crd.PLURAL}/finalizers",
+    assert writable - covered == {"events", f"{crd.PLURAL}/finalizers",
                                   f"{crd.PLURAL}", f"{crd.PLURAL}/status", f"{crd.PLURAL}/scale"}
     assert not find(template(*VAP_API, "--set", "rbac.ownObjectsOnly=false"),
                     "ValidatingAdmissionPolicy")
@@ -452,8 +472,44 @@ def test_own_objects_policy_decisions(helm, operation, old_labels, new_labels, u
                   "oldObject": obj(old_labels) if operation != "CREATE" else None}
     (condition,) = policy["spec"]["matchConditions"]
     matched = _cel(condition["expression"], **activation)
-    (validation,) = policy["spec"]["validations"]
-    assert (not matched or _cel(validation["expression"], **activation)) is allowed
+    labelled, _ = policy["spec"]["validations"]
+    assert (not matched or _cel(labelled["expression"], **activation)) is allowed
+
+
+def _deployment_allowed(policy, template_spec, operation="CREATE"):
+    obj = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+           "spec": {"template": {"spec": template_spec}}}
+    activation = {"request": {"operation": operation, "resource": {"resource": "deployments"},
+                              "userInfo": {"username": "x"}},
+                  "object": obj if operation != "DELETE" else None, "oldObject": obj}
+    return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
+
+
+def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
+    """A leaked operator token may write Deployments, but none whose pods get host access or a
+    token: the pod template the builders make passes, each escalation is refused."""
+    from vlm_operator import builders
+    from vlm_operator.spec import parse
+
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m"}})
+    ours = builders.get_pod_template(vlmd)["spec"]
+    assert _deployment_allowed(policy, ours)
+    vllm = ours["containers"][0]
+    escalations = [
+        {**ours, "hostNetwork": True}, {**ours, "hostPID": True}, {**ours, "hostIPC": True},
+        {**ours, "automountServiceAccountToken": True},
+        {k: v for k, v in ours.items() if k != "automountServiceAccountToken"},
+        {**ours, "volumes": [*ours["volumes"], {"name": "root", "hostPath": {"path": "/"}}]},
+        {**ours, "containers": [{**vllm, "securityContext": {"privileged": True}}]},
+        {**ours, "containers": [{**vllm, "securityContext": {
+            "capabilities": {"add": ["SYS_ADMIN"]}}}]},
+        {**ours, "containers": [{**vllm, "ports": [{"containerPort": 8000, "hostPort": 80}]}]},
+        {**ours, "initContainers": [{"name": "i", "securityContext": {"privileged": True}}]},
+    ]
+    assert [_deployment_allowed(policy, spec) for spec in escalations] == [False] * 10
+    assert _deployment_allowed(policy, {}, operation="DELETE")  # deleting ours stays allowed
 
 
 def test_security_doc_names_every_policy_and_rbac_value():

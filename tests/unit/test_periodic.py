@@ -115,3 +115,45 @@ def test_a_paused_replica_neither_scales_nor_resyncs(calls):
         wait_until(lambda: "x" in calls.ticks and "x" in calls.resyncs)
     finally:
         p.stop()
+
+
+def test_series_of_untracked_vlmdeployments_are_dropped_each_resync(calls):
+    """The operator's per-VLMDeployment series go with their object: at once when it is
+    deleted (handlers.py), and at every resync for any a late round wrote afterwards."""
+    from vlm_operator import metrics
+
+    metrics.DETECTIONS.labels("team", "kept", "engine_dead").inc()
+    metrics.AUTOSCALER_READY.labels("team", "gone", "ready").set(2)
+    metrics.REMEDIATIONS.labels("team", "gone", "Restart").inc()
+    periodic = start(calls, sweep=metrics.keep_only)
+    try:
+        periodic.track(body("kept"))
+        wait_until(lambda: ("team", "gone") not in metrics.vlmds_with_series())
+        assert ("team", "kept") in metrics.vlmds_with_series()
+        metrics.forget_vlmd("team", "kept")
+        assert not {("team", "kept"), ("team", "gone")} & metrics.vlmds_with_series()
+    finally:
+        periodic.stop()
+
+
+def test_a_round_still_running_when_its_object_goes_is_forgotten_after_it():
+    """What a round keeps or writes (state, series) after its VLMDeployment was untracked is
+    dropped when that round ends, not left for ever."""
+    started, release, forgotten = threading.Event(), threading.Event(), []
+
+    def tick(b):
+        started.set()
+        release.wait(5)
+
+    periodic = Periodic(tick=tick, resync=lambda ns, name: None,
+                        forget=lambda ns, name: forgotten.append(name), round_s=0.02,
+                        resync_s=60).start()
+    try:
+        periodic.track(body("late"))
+        assert started.wait(5)
+        periodic.untrack("team", "late")
+        assert forgotten == ["late"]
+        release.set()
+        wait_until(lambda: forgotten == ["late", "late"])
+    finally:
+        periodic.stop()
