@@ -104,6 +104,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
+def _mark_seconds(text: str) -> float:
+    """At least a second: each mark is a pod PATCH."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 1")
+    return value
+
+
 def _secret_label(text: str) -> str:
     if text and not _SECRET_LABEL.match(text):  # "" (the default): no Secret rule
         raise argparse.ArgumentTypeError(f"{text!r} is not a label key or key=value")
@@ -184,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default="0",
                      help="this process's shard, 0..shards-1, or 'auto': the ordinal of a "
                           "StatefulSet pod (POD_NAME, else the host name)")
-    run.add_argument("--log-mark-seconds", type=float, default=300.0,
+    run.add_argument("--log-mark-seconds", type=_mark_seconds, default=300.0,
                      help="at most one resume mark per followed pod this often (a pod "
                           "annotation: where a restarted operator resumes reading its log); "
                           "default 300")

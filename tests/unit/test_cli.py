@@ -108,3 +108,14 @@ def test_scan_logs_on_real_logs():
     assert "engine_dead=3 lines/1 incidents" in result.stderr
     missing = cli("scan-logs", str(logs / "missing.log"))
     assert missing.returncode == 2 and "unreadable" in missing.stderr
+
+
+def test_log_mark_seconds_must_be_a_second_or_more():
+    for bad in ("0", "-5", "x", "nan"):
+        result = cli("run", "--log-mark-seconds", bad)
+        assert result.returncode == 2 and "--log-mark-seconds" in result.stderr, bad
+    from vlm_operator.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--log-mark-seconds", "60"])
+    assert args.log_mark_seconds == 60.0
+    assert build_parser().parse_args(["run"]).log_mark_seconds == 300.0
