@@ -23,7 +23,10 @@ Held-back incidents stay open and are decided again when the blocking condition 
 Pods with the tokenizer pool's startup line missing get their own condition, `Unpatched`, not
 `Degraded`: an unpatched engine still serves (it may log retries or answer some requests with
 400), while Degraded is kept for "the operator cannot keep this healthy" (restart budget spent,
-crash loops).
+crash loops). A pod whose log the operator cannot read (no line with vLLM's header by the time
+the startup line would be due, or a logging prefix it cannot know) is reported with
+`LogDetectionOff` instead: a missing line there says nothing about the plugin, and log-based
+detection (engine death, tokenizer retries) is off for that pod.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ SIGNATURE_POLICY = {
     "engine_stalled": "engineStalled",  # from stall_watch.py, not from the log
     "api_unresponsive": "apiUnresponsive",
 }
+# Signals stall_watch.py finds, not the log (a log replay never refills their windows).
+NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
 # Signals that prove the pod serves nothing, whatever its readiness says.
 NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
 INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
@@ -436,11 +441,14 @@ def remediating_report(in_flight: Mapping[str, InFlight],
 # ---------------------------------------------------------------- pod status alone
 
 
+LOG_DETECTION_OFF = "LogDetectionOff"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """Something a pod's status (with what its log said) shows; reported with one Event."""
 
-    kind: str  # ExitedAfterEngineDeath | CrashLoopBackOff | Unpatched
+    kind: str  # ExitedAfterEngineDeath | CrashLoopBackOff | Unpatched | LogDetectionOff
     message: str
     key: str  # identity for "Event once"
 
@@ -451,10 +459,14 @@ def _container_status(pod: Mapping) -> Mapping:
 
 
 def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
-                 plugin: str | None, grace_s: float = UNPATCHED_GRACE_S) -> list[Finding]:
+                 plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
+                 log_off: str | None = None, log_unread: str | None = None,
+                 reading_since: float | None = 0.0) -> list[Finding]:
     """Findings from one pod. engine_dead_at: time of the last engine_dead incident its log
     showed; plugin: "active", "inactive: <reason>" or None (no startup line seen in the
-    current container)."""
+    current container); log_off: why its log cannot be read whatever it holds (None: it can);
+    log_unread: while no line with vLLM's header was seen in the current container, what the
+    log looks like (None: one was); reading_since: see unpatched_due."""
     name = (pod.get("metadata") or {}).get("name", "")
     cs = _container_status(pod)
     out = []
@@ -470,10 +482,16 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     if waiting == "CrashLoopBackOff":
         out.append(Finding("CrashLoopBackOff", f"{name}: the vllm container is crash-looping "
                            f"({cs.get('restartCount', 0)} restarts)", f"{name}/crashloop"))
-    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s)
+    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s, reading_since=reading_since)
+    off = f"{name}/logoff/{cs.get('restartCount', 0)}"
     if plugin is not None and plugin.startswith("inactive"):
         out.append(Finding("Unpatched", f"{name}: tokenizer pool plugin {plugin}",
                            f"{name}/unpatched/{cs.get('restartCount', 0)}"))
+    elif log_off is not None:
+        out.append(Finding(LOG_DETECTION_OFF, f"{name}: log detection off: {log_off}", off))
+    elif due is not None and now > due and log_unread is not None:
+        out.append(Finding(LOG_DETECTION_OFF, f"{name}: log detection off: ready for "
+                           f"{now - due + grace_s:.0f} s and {log_unread}", off))
     elif due is not None and now > due:
         out.append(Finding("Unpatched", f"{name}: ready for {now - due + grace_s:.0f} s without "
                            "the tokenizer pool plugin's startup line",
@@ -481,14 +499,19 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     return out
 
 
-def unpatched_due(pod: Mapping, *, plugin: str | None,
-                  grace_s: float = UNPATCHED_GRACE_S) -> float | None:
-    """When a ready pod without the plugin's startup line becomes Unpatched (None: it cannot)."""
+def unpatched_due(pod: Mapping, *, plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
+                  reading_since: float | None = 0.0) -> float | None:
+    """When a ready pod without the plugin's startup line becomes Unpatched, or LogDetectionOff
+    if no line of its log could be read (None: it cannot yet). reading_since: when the
+    operator began reading the current container's log (None: not yet); the grace counts from
+    the later of that and readiness, so a fresh operator process never reports a long-ready
+    pod before it has read its log."""
     ready = _ready_condition(pod)
     since = parse_time(ready.get("lastTransitionTime"))
-    if plugin is not None or ready.get("status") != "True" or since is None:
+    if plugin is not None or ready.get("status") != "True" or since is None or \
+            reading_since is None:
         return None
-    return since + grace_s
+    return max(since, reading_since) + grace_s
 
 
 def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:
@@ -501,3 +524,19 @@ def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | N
                       "pods without an active tokenizer pool: " + ", ".join(bad))
     return Report("Unpatched", "False", "AllPodsPatched",
                   "every pod logged the tokenizer pool's startup line or is within its grace")
+
+
+def log_detection_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:
+    """The LogDetectionOff condition over the pods seen so far (None: no pod seen): True names
+    the pods whose log the operator cannot read, and why."""
+    if not findings_by_pod:
+        return None
+    off = [f.message for _, fs in sorted(findings_by_pod.items()) for f in fs
+           if f.kind == LOG_DETECTION_OFF]
+    if off:
+        more = f"; and {len(off) - 3} more pods" if len(off) > 3 else ""
+        return Report(LOG_DETECTION_OFF, "True", "LogUnreadable",
+                      "engine death, tokenizer retries and the tokenizer pool's startup line "
+                      "cannot be read from the log of: " + "; ".join(off[:3]) + more)
+    return Report(LOG_DETECTION_OFF, "False", "LogsReadable",
+                  "every pod's log is read (or its pod is within the startup grace)")

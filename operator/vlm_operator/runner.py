@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
             memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
             replica_fits=memo.autoscaler.replica_fits, leaving_nodes=memo.cluster.leaving_nodes,
-            node_drain_wait_s=args.node_drain_wait_seconds)
+            node_drain_wait_s=args.node_drain_wait_seconds,
+            may_mark=peering.may_act if peering else None,
+            mark_every_s=args.log_mark_seconds)
         memo.reconciler.report_providers.append(memo.logwatch.reports)
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()

@@ -47,6 +47,7 @@ IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
 LOAD_RATE = 10.0  # requests a second through the Service in the rows under load
 DRAIN_WAIT_S = 10  # --node-drain-wait-seconds of the operator of the no-GPU drain row
+LOGGING_PREFIX = [{"name": "VLLM_LOGGING_PREFIX", "value": "[vllm] "}]
 
 Instance = tuple[str, int]  # (pod uid, container restart count)
 
@@ -319,12 +320,14 @@ class Row:
     must_not: str = ""  # rows about what must not happen: that, instead of a recovery time
 
 
-def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False):
-    """exit_code None: the engine dies and the process stays alive (keep-alive)."""
+def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False,
+                 env: list | None = None):
+    """exit_code None: the engine dies and the process stays alive (keep-alive); `env`: more
+    of spec.vllm.env (vLLM's logging settings)."""
     def run(bed: Bed, health: dict | None) -> Observed:
         bed.nodes(gpus_per_node=replicas + 1)
         bed.create("row", replicas=replicas, health=health,
-                   env=KEEP_ALIVE if exit_code is None else None)
+                   env=(KEEP_ALIVE if exit_code is None else []) + (env or []))
         pods = bed.wait_ready("row", replicas)
         hit = pods if hit_all else pods[:1]
         faulted = {instance(p) for p in hit}
@@ -572,18 +575,22 @@ HOSTILE_MODES = {
     "huge": lambda target: {"fault": "huge_metrics", "bytes": 100_000_000},
     "drip": lambda target: {"fault": "drip_headers", "interval": 0.5, "lines": 8},
 }
-# Faults every hostile pod gets on top of its HTTP mode: the place for log floods (the
-# stand-in's log modes), so the row covers what a tenant's pods log as well as what they serve.
-HOSTILE_LOG_FAULTS: list[dict] = []
+# Faults every hostile pod gets on top of its HTTP mode, so the row covers what a tenant's pods
+# log as well as what they serve: 50,000 lines from as many process tags (a matcher keeping
+# state per tag grew by 28.5 MB per 100,000) and 1,000 engine-failure lines with 5,000-digit
+# pids (a traceback each in the operator's log before).
+HOSTILE_LOG_FAULTS: list[dict] = [{"fault": "proc_flood", "lines": 50_000},
+                                  {"fault": "giant_pid", "lines": 1_000, "digits": 5_000}]
 
 
 def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     """One tenant's pods (another namespace, 2 replicas per mode) answer the operator as an
     attacker would: redirects to another address, 100 MB /metrics pages, headers drip-fed a
-    line every 0.5 s (HOSTILE_MODES, HOSTILE_LOG_FAULTS). Meanwhile this tenant's only replica
-    has its engine die: acted on as usual. Notes: the operator's peak RSS and CPU during the
-    row (from its own process metrics), the requests the redirects' target got, and what the
-    hostile VLMDeployments' status and metrics say."""
+    line every 0.5 s (HOSTILE_MODES), and log floods of distinct process tags and giant pids
+    (HOSTILE_LOG_FAULTS). Meanwhile this tenant's only replica has its engine die: acted on as
+    usual. Notes: the operator's peak RSS and CPU during the row (from its own process
+    metrics), the tracebacks it logged meanwhile, the requests the redirects' target got, and
+    what the hostile VLMDeployments' status and metrics say."""
     bed.nodes(gpus_per_node=2 * len(HOSTILE_MODES) + 2)
     hostile = bed.tenant("h")
     target = vllmsim.RecordingServer()
@@ -596,6 +603,7 @@ def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     pods = {mode: hostile.wait_ready(mode, 2) for mode in HOSTILE_MODES}
     (victim,) = bed.wait_ready("row", 1)
     usage = Usage(bed.watcher).start()
+    log_from = len(bed.watcher.log()) if bed.watcher is not None else 0
     for mode, mode_pods in pods.items():
         for pod in mode_pods:
             hostile.fault(pod, [HOSTILE_MODES[mode](target.url), *HOSTILE_LOG_FAULTS])
@@ -607,6 +615,8 @@ def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     seen = bed.follow("row", 1, {instance(victim)}, start)
     seen.notes.update(usage.stop())
     seen.notes["redirect_target_requests"] = list(target.requests)
+    seen.notes["tracebacks"] = (bed.watcher.log()[log_from:].count("Traceback")
+                                if bed.watcher is not None else None)
     seen.notes["hostile"] = {mode: {
         "readable": hostile.condition(mode, "PodsReadable"),
         "touched": sorted(uid for uid, inst in before[mode].items()
@@ -668,6 +678,25 @@ class Usage:
         return {"peak_rss_mib": round(max(s[1] for s in self.samples), 1),
                 "cpu_percent": round(100 * (c1 - c0) / (t1 - t0), 1),
                 "cpu_percent_peak": round(100 * max(peaks, default=0.0), 1)}
+
+
+def previous_log_refused(bed: Bed, health: dict | None) -> Observed:
+    """A node restart lost the runtime's record of the only replica's container: the kubelet
+    reports it ContainerStatusUnknown and answers 400 for its log. The new container's engine
+    then dies (the process stays alive: only its log tells): the follower must have moved on
+    to the new container."""
+    sim = bed.nodes(gpus_per_node=2)
+    bed.create("row", replicas=1, health=health, env=KEEP_ALIVE)
+    (pod,) = bed.wait_ready("row", 1)
+    sim.lose_container(bed.ns, pod.metadata.name, builders.CONTAINER)
+    (pod,) = bed.wait("the container started again", lambda: [
+        p for p in bed.ready("row") if instance(p)[1] == 1 and healthy(p.status.pod_ip)])
+    bed.wait("the unreadable log reported", lambda: bed.events("row")["PreviousLogUnavailable"],
+             timeout=30)
+    faulted = {instance(pod)}
+    start = time.time()
+    bed.fault(pod, {"fault": "engine_dead"})
+    return bed.follow("row", 1, faulted, start)
 
 
 def existing_service(bed: Bed, health: dict | None) -> Observed:
@@ -843,6 +872,10 @@ ROWS = [
     Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
         standby_takes_over, probes=False, own_operator=True),
     Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+    Row("engine-dead-logging-prefix", "engine death with VLLM_LOGGING_PREFIX set, exits 0, "
+        "1 replica", engine_death(1, 0, env=LOGGING_PREFIX)),
+    Row("previous-log-refused", "previous container's log refused (node restart), then the "
+        "new container's engine dies", previous_log_refused),
     Row("existing-service", "another app's Service has the VLMDeployment's name",
         existing_service, probes=False,
         must_not="the Service is never changed nor deleted with the VLMDeployment"),

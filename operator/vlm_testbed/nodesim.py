@@ -225,6 +225,11 @@ def overwritten(pod: dict, sent: dict | None) -> bool:
 
 
 def terminated_state(t: Terminated) -> dict:
+    """A terminated state as the kubelet writes it; one the runtime lost (ContainerStatusUnknown)
+    has no times and no containerID."""
+    if not t.container_id:
+        return {"terminated": {"exitCode": t.exit_code, "reason": t.reason,
+                               "message": t.message}}
     return {"terminated": {"exitCode": t.exit_code, "reason": t.reason,
                            "startedAt": rfc3339(t.started_ns), "finishedAt": rfc3339(t.finished_ns),
                            "containerID": t.container_id}}
@@ -300,7 +305,16 @@ class Terminated:
     reason: str
     started_ns: int
     finished_ns: int
-    container_id: str
+    container_id: str  # "": the runtime has no record of it (LOST)
+    message: str = ""
+
+
+# What the kubelet reports for a container that was running when the runtime lost its record
+# of it (kubelet_pods.go, convertToAPIContainerStatuses: a node restart that wiped the
+# runtime's state): no containerID, so `kubectl logs --previous` has nothing to read.
+LOST = Terminated(137, "ContainerStatusUnknown", 0, 0, "",
+                  "The container could not be located when the pod was deleted.  The container "
+                  "used to be Running")
 
 
 @dataclass
@@ -326,6 +340,7 @@ class Instance:
     done: threading.Event = field(default_factory=threading.Event)
     appended: threading.Condition | None = None  # notified per write (LightContainer)
     lines: int = 0  # lines written, where `appended` is set
+    lost: bool = False  # the runtime lost its record (lose_container): its log cannot be read
 
 
 _prctl = getattr(ctypes.CDLL(None), "prctl", None)  # looked up before any fork
@@ -359,6 +374,7 @@ class Container:
         self.kill_reason: str | None = None
         self.stop = threading.Event()
         self.env: dict[str, str] = {}  # the environment of the last start (hooks run in it)
+        self.losing = False  # lose() was called: the running instance goes as LOST
 
     # -- the kubelet's view for pods/status
     def status(self) -> dict:
@@ -393,10 +409,11 @@ class Container:
     def run(self) -> None:
         """Start, wait, restart per policy with back-off, until stopped or done."""
         policy = self.pod.spec.get("restartPolicy", "Always")
+        lost = False
         while not self.stop.is_set():
             if self.crashes:
-                delay = backoff_delay(self.crashes, self.pod.sim.backoff_base,
-                                      self.pod.sim.backoff_cap)
+                delay = 0 if lost else backoff_delay(self.crashes, self.pod.sim.backoff_base,
+                                                     self.pod.sim.backoff_cap)
                 if delay:
                     meta = self.pod.meta
                     self.waiting = ("CrashLoopBackOff",
@@ -411,6 +428,10 @@ class Container:
             term = self._run_once()
             if term is None:  # could not start
                 break
+            lost, self.losing = self.losing, False
+            if lost:  # the restarted node's kubelet starts it again at once
+                self.instances[-1].lost = True
+                term = self.current_terminated = LOST
             if time.monotonic() - started > 2 * self.pod.sim.backoff_cap:
                 self.crashes = 0
             self.crashes += 1
@@ -479,6 +500,18 @@ class Container:
                 sink.write(format_log_line(time.time_ns(), name, text))
                 sink.flush()
         stream.close()
+
+    def lose(self) -> None:
+        """What a node restart that wipes the container runtime's state does to this container:
+        its process is gone at once, the kubelet reports it as ContainerStatusUnknown with no
+        containerID (LOST), its log can no longer be read (previous=true: 400) and it starts
+        again."""
+        inst = self.instances[-1] if self.instances else None
+        if not inst or not inst.proc or inst.done.is_set():
+            return
+        self.losing = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(inst.proc.pid, signal.SIGKILL)
 
     def terminate(self, grace: float) -> None:
         """Stop the running instance as the kubelet does (stop_process_group): its preStop
@@ -771,6 +804,7 @@ class LightContainer:
                                                self.model)
         self.version = "0.32.0"
         env = resolve_env(pod.pod, spec, pod.ip, lambda kind, name, key: None)
+        self.prefix = env.get("VLLM_LOGGING_PREFIX", "")
         lines = [vllmsim.plugin_line(self.version, proc, 1, env) for proc in
                  ("APIServer", vllmsim.engine_proc_name(self.version))] if self.vllm else []
         self.append([line for line in lines if line])
@@ -810,7 +844,7 @@ class LightContainer:
                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
         if method == "POST" and path == "/sim/fault" and request.get("fault") == "engine_dead":
             self.dead = True
-            self.append(vllmsim.engine_dead_lines(self.version, 1))
+            self.append(vllmsim.engine_dead_lines(self.version, 1, prefix=self.prefix))
             return 200, "application/json", b'{"applied": "engine_dead"}'
         if method == "POST" and path == "/sim/log":
             self.append([str(line) for line in request.get("lines", [])])
@@ -912,7 +946,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
             return
         previous = q.get("previous") == "true"
         index = len(container.instances) - (2 if previous else 1)
-        if index < 0:
+        if index < 0 or container.instances[index].lost:  # the kubelet: no containerID to read
             what = "previous terminated container" if previous else "container"
             self._text(400, f'{what} "{parts[3]}" in pod "{parts[2]}" '
                        + ("not found" if previous else "is waiting to start: ContainerCreating"))
@@ -1220,6 +1254,15 @@ class NodeSimulator:
             return data if key is None else data.get(key)
 
         return read
+
+    def lose_container(self, namespace: str, name: str, container: str) -> None:
+        """A node restart that lost the runtime's record of this pod's running container
+        (Container.lose): it reports ContainerStatusUnknown, its log is gone, it starts again."""
+        runner = self.runner_by_name(namespace, name)
+        target = runner.container(container) if isinstance(runner, PodRunner) else None
+        if target is None:
+            raise KeyError(f"no running container {container!r} in pod {namespace}/{name}")
+        target.lose()
 
     def runner_by_name(self, namespace: str, name: str) -> PodRunner | LightPod | None:
         with self.lock:

@@ -113,6 +113,11 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def previous_refused(seen: Observed) -> None:
+    dead(1)(seen)  # the new container was followed: its engine death was acted on
+    assert seen.events["PreviousLogUnavailable"] == 1, seen.events
+
+
 def existing_service(seen: Observed) -> None:
     assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
     assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
@@ -151,6 +156,7 @@ def memory_limit_mib() -> float:
 def hostile_tenant(seen: Observed) -> None:
     dead(1)(seen)  # the other tenant's engine death, acted on as usual
     assert seen.notes["redirect_target_requests"] == [], "a redirect was followed"
+    assert seen.notes["tracebacks"] == 0, "hostile log lines made the operator log tracebacks"
     assert seen.notes["peak_rss_mib"] < memory_limit_mib(), seen.notes
     reasons = {"redirect": "RedirectRefused", "huge": "AnswerTooLarge", "drip": "ReadTimeout"}
     for mode, hostile in seen.notes["hostile"].items():
@@ -228,6 +234,7 @@ CHECKS = {
     "drain-gpu-free": drain_gpu_free, "drain-no-gpu": drain_no_gpu,
     "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
     "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
+    "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
 }
 
 

@@ -123,3 +123,14 @@ def test_node_drain_wait_is_a_run_flag_that_never_waits_for_ever(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["run", "--node-drain-wait-seconds", bad])
         assert "--node-drain-wait-seconds" in capsys.readouterr().err
+
+
+def test_log_mark_seconds_must_be_a_second_or_more():
+    for bad in ("0", "-5", "x", "nan"):
+        result = cli("run", "--log-mark-seconds", bad)
+        assert result.returncode == 2 and "--log-mark-seconds" in result.stderr, bad
+    from vlm_operator.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--log-mark-seconds", "60"])
+    assert args.log_mark_seconds == 60.0
+    assert build_parser().parse_args(["run"]).log_mark_seconds == 300.0

@@ -418,3 +418,41 @@ def test_unpatched(ready, age, plugin, unpatched):
 
 def test_unpatched_report_needs_pods():
     assert unpatched_report({}) is None
+
+
+@pytest.mark.parametrize("age,plugin,log_off,log_unread,kind", [
+    # a log with vLLM's header and no startup line: the plugin is missing
+    (61, None, None, None, "Unpatched"),
+    # no line in vLLM's format by then: the log cannot be read, which says nothing of the plugin
+    (61, None, None, "no line in vLLM's log format was seen", "LogDetectionOff"),
+    (59, None, None, "no line in vLLM's log format was seen", None),  # within the grace
+    # a prefix that cannot be known: off at once
+    (1, None, "its VLLM_LOGGING_PREFIX comes from valueFrom", None, "LogDetectionOff"),
+    # an inactive line was read, so the log can be read: the plugin failed
+    (1, "inactive: HfRenderer not found", None, None, "Unpatched"),
+])
+def test_an_unreadable_log_is_log_detection_off_never_unpatched(age, plugin, log_off,
+                                                                log_unread, kind):
+    from vlm_operator.remediation import log_detection_report
+
+    found = pod_findings(pod(), now=T0 + age, engine_dead_at=None, plugin=plugin,
+                         log_off=log_off, log_unread=log_unread)
+    assert [f.kind for f in found] == ([kind] if kind else [])
+    report = log_detection_report({"p0": found})
+    assert report.status == ("True" if kind == "LogDetectionOff" else "False")
+    if kind == "LogDetectionOff":
+        assert report.reason == "LogUnreadable" and "p0: log detection off: " in report.message
+        assert found[0].key == "p0/logoff/0"
+    assert log_detection_report({}) is None
+
+
+def test_the_startup_line_grace_counts_from_when_the_log_began_to_be_read():
+    """A fresh operator process sees pods ready for hours before its followers have read a
+    line: it reported them Unpatched (an Event each) at once, then took it back."""
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=None) == []
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3590) == []
+    (f,) = pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3500)
+    assert f.kind == "Unpatched"
