@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -88,6 +89,10 @@ class Owner:
         self.held: dict[Key, Decision] = {}  # why each held incident waits
         self.backoff: dict[str, tuple[int, float]] = {}  # pod uid -> (attempts, until)
         self.told: set[tuple] = set()  # ((uid, key), first, reason) already reported
+        # when a detection last had an incident decided (monotonic), and the VLMDeployment
+        # last read: a flood of log lines costs no API call each
+        self.decided: dict[Key, float] = {}
+        self.refreshed_at = -math.inf
 
 
 class Remediator:
@@ -151,7 +156,7 @@ class Remediator:
         """A detection on pod `uid` at t: `count(key, window_s)` says how many fall in the
         rule's window (log watching keeps the windows). It joins the pod's open incident."""
         owner = self.owner(namespace, name)
-        if owner.policy is None:
+        if owner.policy is None and _due(owner.refreshed_at):
             self.refresh(namespace, name)
         found = owner.policy.rule_for(signature) if owner.policy else None
         if found is None:
@@ -163,10 +168,14 @@ class Remediator:
             count=count(key, rule.window_s), detail=detail))
 
     def incident(self, namespace: str, name: str, incident: Incident) -> None:
-        """A detection updated an incident: at its threshold it is opened and decided."""
+        """A detection updated an incident: at its threshold it is opened and decided, at once
+        unless a detection of it was decided less than RECONSIDER_S ago: then the reconsider
+        loop takes it up within RECONSIDER_S. A pod's log is its tenant's to write, and each
+        decision reads the cluster: a flood of matching lines must not become a flood of API
+        requests."""
         owner = self.owner(namespace, name)
         with owner.lock:
-            if owner.policy is None:
+            if owner.policy is None and _due(owner.refreshed_at):
                 self.refresh(namespace, name)
             found = owner.policy.rule_for(incident.signature) if owner.policy else None
             if found is None:
@@ -175,6 +184,9 @@ class Remediator:
                 return
             key = (incident.uid, incident.key)
             owner.open = {**owner.open, key: incident}
+            if not _due(owner.decided.get(key, -math.inf)):
+                return
+            owner.decided = {**owner.decided, key: time.monotonic()}
             self._decide(namespace, name, owner, [key])
 
     def forget_pod(self, namespace: str, name: str, uid: str) -> None:
@@ -185,12 +197,14 @@ class Remediator:
             for key in [k for k in owner.open if k[0] == uid]:
                 self._close(owner, key)
             owner.told = {mark for mark in owner.told if mark[0][0] != uid}
+            owner.decided = {k: t for k, t in owner.decided.items() if k[0] != uid}
             owner.backoff.pop(uid, None)
 
     def refresh(self, namespace: str, name: str) -> dict | None:
         """Read the VLMDeployment: policy, signatures, history and actions in flight (resumed
         here: this is how a fresh operator picks up what another left half done)."""
         owner = self.owner(namespace, name)
+        owner.refreshed_at = time.monotonic()
         body = self.kube.get_vlmd(namespace, name)
         if body is None:
             return None
@@ -807,3 +821,8 @@ def _unschedulable_s(pod: dict, now: float) -> float:
             if since is not None:
                 return max(0.0, now - since)
     return 0.0
+
+
+def _due(last: float) -> bool:
+    """Whether RECONSIDER_S passed since `last` (monotonic)."""
+    return time.monotonic() - last >= RECONSIDER_S

@@ -247,10 +247,12 @@ def test_a_fresh_process_finishes_a_drain_another_began(api, kube, namespace, ma
     assert get(kube, namespace)["spec"]["replicas"] == 2
 
 
-def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, made):
-    """#3 with the default spec (1 replica, minAvailable 1): surge, then delete."""
+def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, made,
+                                                          metrics_server):
+    """With the default spec (1 replica, minAvailable 1): surge, drain (here idle), delete."""
     vlmd(api, namespace, replicas=1)
-    sick = pod(api, namespace, "sick")
+    idle = metrics_server(running=0)  # a pod that cannot be read would wait the drain out
+    sick = pod(api, namespace, "sick", ip=idle.ip)
     published = []
     rem = Remediator(kube, lambda ns, name: published.append(name),
                      replica_fits=lambda vlmd, pending=0: True).start()
@@ -491,3 +493,30 @@ def test_only_its_own_replacement_refused_by_the_scheduler_gives_a_surge_up(api,
     record_gone = incidents.parse_in_flight(get(kube, namespace)["metadata"].get(
         "annotations")) == {}
     assert record_gone and "sick" in pod_names(api, namespace)
+
+
+def test_a_flood_of_matching_lines_costs_no_api_request_each(api, kube, namespace, made):
+    """A pod's log is its tenant's: a tenant's own image can print retry warnings as fast as it
+    likes. Every decision reads the VLMDeployment and lists its pods, so a held incident (here
+    the restart budget is spent) must not be decided again for each line: 300 lines within a
+    second cost a decision or two, and the held incident is still decided again later."""
+    from prometheus_client import REGISTRY
+
+    def requests():
+        return sum(s.value for m in REGISTRY.collect() if m.name == "vlm_operator_api_requests"
+                   for s in m.samples if s.name == "vlm_operator_api_requests_total")
+
+    vlmd(api, namespace, replicas=1, health={"maxRestartsPerHour": 0})
+    sick = pod(api, namespace, "sick")
+    rem = Remediator(kube, lambda ns, name: None).start()
+    made.append(rem)
+    rem.refresh(namespace, "glue")
+    before = requests()
+    for i in range(300):
+        rem.report(namespace, "glue", uid=sick, pod="sick", signature="tokenizer_retry",
+                   t=time.time(), count=lambda key, window_s: 10)
+    spent = requests() - before
+    assert spent <= 12, f"{spent} API requests for 300 lines"
+    (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
+    assert (report.status, report.reason) == ("True", "RestartBudgetExhausted")
+    assert "sick" in pod_names(api, namespace)
