@@ -512,7 +512,7 @@ def test_a_flood_of_matching_lines_costs_no_api_request_each(api, kube, namespac
     made.append(rem)
     rem.refresh(namespace, "glue")
     before = requests()
-    for i in range(300):
+    for _ in range(300):
         rem.report(namespace, "glue", uid=sick, pod="sick", signature="tokenizer_retry",
                    t=time.time(), count=lambda key, window_s: 10)
     spent = requests() - before
