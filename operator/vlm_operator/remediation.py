@@ -295,11 +295,26 @@ def drain_step(*, serving: bool, running: float | None, since: float, now: float
     return WAIT
 
 
+SETTLE_S = 30.0  # past a deleted pod's deadline, it is taken as gone (a node that vanished)
+
+
+def settled(pod: Mapping | None, now: float, settle_s: float = SETTLE_S) -> bool:
+    """Whether a deleted pod has left for good: gone from the cluster, or settle_s past the
+    deadline the kubelet had to stop it (deletionTimestamp). An action lowers the replica count
+    only then: while the pod is terminating, a ReplicaSet that has not seen its deletion yet
+    counts it, and lowering the count then can make it remove a pod that serves (with two Ready
+    pods it removes the one Ready the shortest: the replacement)."""
+    if pod is None:
+        return True
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return deadline is not None and now >= deadline + settle_s
+
+
 def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
                     now: float, timeout_s: float = DRAIN_TIMEOUT_S,
                     min_drain_s: float = DRAIN_MIN_S) -> str:
-    """The next step of a ScaleDown: wait for the drain, or delete the pod (and lower the
-    replicas at once); FINISH (lower them) when the pod is gone already."""
+    """The next step of a ScaleDown: wait for the drain, or delete the pod; FINISH (lower the
+    replicas) once it is gone (the caller waits until it has `settled`)."""
     if not present:
         return FINISH
     return drain_step(serving=serving, running=running, since=since, now=now,
@@ -315,7 +330,7 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
                  min_drain_s: float = DRAIN_MIN_S) -> str:
     """The next step of a Replace, from what the cluster shows now:
 
-    - the pod is gone: FINISH;
+    - the pod is gone: FINISH (the caller waits until it has `settled`);
     - it is out of the Service (record.drain_since): drain_step (requests finish first);
     - it serves nothing: DELETE (nothing to wait for);
     - its node has been leaving for node_drain_wait_s: LET_GO (drain it, then delete);

@@ -481,6 +481,8 @@ class Remediator:
         pod = next((p for p in pods if p["metadata"]["uid"] == uid), None)
         present = pod is not None and not pod["metadata"].get("deletionTimestamp")
         now = time.time()
+        if not present and not remediation.settled(pod, now):
+            return False  # terminating: the count drops once the ReplicaSet saw it go
         if record.action == SCALE_DOWN:
             return self._scale_down_step(namespace, name, owner, body, record, pod, present, now)
         return self._replace_step(namespace, name, owner, body, record, pods, pod, present, now)
@@ -533,10 +535,9 @@ class Remediator:
                                                               text), body)
             self.reconcile(namespace, name)  # Remediating: draining
             return False
-        if step == remediation.DELETE:  # and done at once: the surge ends with the pod, so
-            # the ReplicaSet never makes a pod for the one deleted while it still counts
+        if step == remediation.DELETE:  # the surge ends once the pod has left (settled)
             self._delete_drained(namespace, name, body, record, pod, serves, running, now)
-            step = remediation.FINISH
+            return False
         if step == remediation.SURGE:
             self._write_in_flight(namespace, name, owner, add=dataclasses.replace(
                 record, surge=True, since=stamp(now), before=_uids(pods),
@@ -635,7 +636,7 @@ class Remediator:
                            body)
             self.kube.delete("v1", "Pod", namespace, record.pod, uid=record.uid,
                              grace_s=builders.QUICK_GRACE_S)
-            # lowered at once: the ReplicaSet never makes a pod for the one just deleted
+            return False  # lowered once the pod has left (settled)
         current = int(body["spec"].get("replicas", 1))
         min_available = owner.policy.min_available if owner.policy else 1
         target = remediation.lowered_replicas(current, record, min_available)

@@ -60,10 +60,13 @@ def test_retry_storm_restarts_the_pod(api, ns, sim, operator):
     assert wait_for("event on the CR", lambda: events(api, ns, "storm", "PodRestarted"))
     assert wait_for("event on the pod", lambda: events(api, ns, a.metadata.name, "PodRestarted"))
     after = operator.metrics()
-    assert metric(after, "vlm_operator_detections_total", signature="tokenizer_retry") - \
-        metric(before, "vlm_operator_detections_total", signature="tokenizer_retry") == 3
-    assert metric(after, "vlm_operator_remediations_total", action="Restart") - \
-        metric(before, "vlm_operator_remediations_total", action="Restart") == 1
+    mine = {"vlmdeployment_namespace": ns, "vlmdeployment": "storm"}  # others' series come
+    # and go with their VLMDeployments
+    assert metric(after, "vlm_operator_detections_total", signature="tokenizer_retry",
+                  **mine) - metric(before, "vlm_operator_detections_total",
+                                   signature="tokenizer_retry", **mine) == 3
+    assert metric(after, "vlm_operator_remediations_total", action="Restart", **mine) - \
+        metric(before, "vlm_operator_remediations_total", action="Restart", **mine) == 1
     wait_ready_pods(api, ns, "storm", 2)  # the Deployment replaced it
 
 

@@ -456,3 +456,18 @@ def test_the_startup_line_grace_counts_from_when_the_log_began_to_be_read():
     (f,) = pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
                         reading_since=T0 + 3500)
     assert f.kind == "Unpatched"
+
+
+def test_an_action_ends_only_once_its_pod_has_left():
+    """The replica count drops only once the deleted pod is gone (or long past its deadline):
+    a ReplicaSet that has not seen the deletion would otherwise remove a pod that serves."""
+    from vlm_operator.remediation import SETTLE_S, parse_time, settled
+
+    deadline = "2026-01-01T00:00:10Z"
+    at = parse_time(deadline)
+    terminating = {"metadata": {"name": "p", "deletionTimestamp": deadline}}
+    assert settled(None, at)
+    assert not settled(terminating, at - 5)
+    assert not settled(terminating, at + SETTLE_S - 1)
+    assert settled(terminating, at + SETTLE_S)
+    assert not settled({"metadata": {"name": "p"}}, at + 3600)  # not deleted at all
