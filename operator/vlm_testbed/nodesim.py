@@ -1029,10 +1029,13 @@ _ip_lock = threading.Lock()
 
 
 def next_pod_ip() -> str:
-    """A fresh loopback address per pod (127.<pid-derived>.x.y), never 127.0.0.1."""
+    """A fresh loopback address per pod (127.<net>.x.y), never 127.0.0.1. <net> is
+    VLM_TESTBED_POD_NET where set (test runs side by side each take their own), else derived
+    from the process id."""
     with _ip_lock:
         n = next(_ip_counter)
-    return f"127.{100 + os.getpid() % 150}.{(n // 250) % 250 + 1}.{n % 250 + 2}"
+    net = int(os.environ.get("VLM_TESTBED_POD_NET") or 100 + os.getpid() % 150)
+    return f"127.{net}.{(n // 250) % 250 + 1}.{n % 250 + 2}"
 
 
 class NodeSimulator:
