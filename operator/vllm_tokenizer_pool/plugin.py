@@ -19,6 +19,9 @@ vLLM has `renderer_num_workers` (N): its N renderer threads and the event loop (
 reasoning parsers), N + 1; from 0.29 also the one-thread multimodal executor, N + 2. Before
 0.19, VLM_TOKENIZER_POOL_SIZE (the operator sets rendererNumWorkers + 1; default 2).
 
+The engine heartbeat (heartbeat.py) is installed from here too, on the same versions: a line
+every few seconds from the engine core's step loop, for the operator's hung-engine detection.
+
 Startup lines through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md): `active` once per
 process, when a tokenizer in that process was actually pooled, with the size it got; `inactive`
 for every distinct failure in a process (unsupported version, failed patch, a tokenizer that
@@ -243,6 +246,22 @@ def register() -> None:
         _activate(installed_vllm_version())
     except Exception as exc:  # a plugin must never take vLLM down
         _state.log_inactive(f"{type(exc).__name__}: {exc}")
+    _start_heartbeat(_state.version)
+
+
+def _start_heartbeat(version: str) -> None:
+    """The engine heartbeat (heartbeat.py), on the vLLM versions whose scheduler it knows; a
+    failure says so in a warning and never touches the tokenizer pool's lines."""
+    parsed = parse_version(version)
+    if parsed is None or not SUPPORTED[0] <= parsed[:2] <= SUPPORTED[1]:
+        return
+    try:
+        from vllm_tokenizer_pool import heartbeat
+
+        heartbeat.install()
+    except Exception as exc:
+        _emit(logging.WARNING, "vlm-engine-heartbeat off: reason=" + " ".join(
+            f"{type(exc).__name__}: {exc}".split()))
 
 
 def _activate(version: str) -> None:

@@ -183,6 +183,7 @@ class Follower(threading.Thread):
         # failure) or None (no startup line yet)
         self.plugin: str | None = None
         self.engine_dead_at: float | None = None
+        self.last_line_at: float | None = None  # when the stream last delivered a line
         self._response = None
         self._timer: threading.Timer | None = None
 
@@ -290,6 +291,7 @@ class Follower(threading.Thread):
             LOG_LINES_DEDUPLICATED.inc()
             return
         LOG_LINES.inc()
+        self.last_line_at = time.time()
         try:
             extra = self.sink.extra_signatures(self.namespace, self.owner)
             if extra is not self.extra:  # the VLMDeployment's extraSignatures changed

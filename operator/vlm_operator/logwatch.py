@@ -20,6 +20,7 @@ from vlm_operator.kube import Kube
 from vlm_operator.logfollow import Follower
 from vlm_operator.metrics import DETECTIONS
 from vlm_operator.remediator import Remediator
+from vlm_operator.stall_watch import Heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,14 @@ class LogWatch:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  may_act: Callable[[str], bool] | None = None,
                  replica_fits: Callable | None = None,
-                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S) -> None:
+                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S,
+                 heartbeats: Heartbeats | None = None) -> None:
         """`reconcile(namespace, name)` publishes status after an action and logs its own errors
         (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
-        (peering.py), None when it runs alone; `replica_fits(vlmd)`: for surge replacements."""
+        (peering.py), None when it runs alone; `replica_fits(vlmd)`: for surge replacements;
+        `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
         self.kube = kube
+        self.heartbeats = heartbeats if heartbeats is not None else Heartbeats()
         self.reconcile = reconcile
         self.windows = incidents.Windows()
         self.remediator = Remediator(kube, reconcile, may_act=may_act, replica_fits=replica_fits,
@@ -74,6 +78,7 @@ class LogWatch:
             self._events_sent = {k for k in self._events_sent
                                  if not k.startswith(follower.name + "/")}
         self.windows.forget(follower.uid)
+        self.heartbeats.forget(follower.uid)
         if follower.owner:
             self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
 
@@ -160,6 +165,10 @@ class LogWatch:
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
         DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
+        if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
+            proc = det.line.proc if det.line is not None and det.line.proc else "engine"
+            self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower)
+            return
         if det.signature in ("plugin_active", "plugin_inactive"):
             if det.signature == "plugin_inactive":
                 follower.plugin = "inactive: " + det.fields.get("reason", "")

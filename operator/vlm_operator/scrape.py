@@ -38,6 +38,7 @@ HEALTH_TIMEOUT_S = 1.0
 SCRAPE_WORKERS = 32
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 TIMEOUT, REFUSED, ERROR = "timeout", "refused", "error"
+UNAUTHORIZED = "unauthorized"
 CANARY_ID_PREFIX = "vlm-operator-canary-"
 CANARY_PROMPT = "Hi"
 
@@ -124,7 +125,8 @@ def canary_id() -> str:
 
 def canary(ip: str, timeout_s: float, request_id: str) -> str:
     """The smallest completion (max_tokens 1, a fixed 1-token prompt) for the model the pod
-    serves: "answered", TIMEOUT, REFUSED or ERROR (an HTTP error, no model listed). The
+    serves: "answered", TIMEOUT, REFUSED, UNAUTHORIZED (HTTP 401/403: an API key guards /v1,
+    which the operator does not hold) or ERROR (another HTTP error, no model listed). The
     request id (X-Request-Id) and user field mark it as the operator's in vLLM's logs."""
     deadline = time.monotonic() + timeout_s
     try:
@@ -139,8 +141,8 @@ def canary(ip: str, timeout_s: float, request_id: str) -> str:
         with urllib.request.urlopen(req, timeout=left) as rsp:
             _read(rsp, deadline)
         return "answered"
-    except urllib.error.HTTPError:
-        return ERROR
+    except urllib.error.HTTPError as exc:
+        return UNAUTHORIZED if exc.code in (401, 403) else ERROR
     except (OSError, ValueError, KeyError, IndexError) as exc:
         return failure(exc) if isinstance(exc, OSError) else ERROR
 

