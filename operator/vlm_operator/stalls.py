@@ -150,7 +150,7 @@ def _one(proc: str, b: Beat, line_at: float | None, now: float, stall_s: float,
         return WORKING, f"{proc}: steps completing ({counts})"
     if b.in_flight:
         ran, bound = b.step_s + silent, step_bound_s(b.step_tokens, stall_s, tokens_per_s)
-        what = (f"{proc}: one step with {b.step_tokens} scheduled tokens has run for "
+        what = (f"{proc}: one step ({b.step_tokens} tokens scheduled) has run for "
                 f"{ran:.0f} s")
         if ran <= bound:
             return WORKING, f"{what}, within its bound of {bound:.0f} s"

@@ -111,6 +111,22 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def long_prefill(seen: Observed) -> None:
+    assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
+                "RemediationSkipped"} & set(seen.events), seen.events
+    assert seen.notes["last_remediation"] is None
+    assert seen.notes["prompt_done"], "the long prompt never completed"
+    assert seen.touched == [] and seen.lowest_ready == 1
+
+
+def hung_api_key(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "not serving again"
+    assert seen.events["PodRestarted"] == 1 and seen.touched == [], seen.events
+    said(seen, "engine_stalled", "Restart")
+    assert "one step (1 tokens scheduled) has run for" in seen.notes["last_remediation"][
+        "reason"]
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -121,7 +137,8 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once,
+    "two-vlmds-at-once": two_at_once, "long-prefill-only-replica": long_prefill,
+    "hung-engine-api-key": hung_api_key,
 }
 
 
