@@ -96,7 +96,7 @@ class StallWatch:
         self._checking: set[str] = set()  # pod uids with a canary or /health check running
         # (namespace, name) -> pod name -> stalls.detector() of its running containers
         self._detectors: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
-        self._told_off: set[tuple[str, int]] = set()  # (pod uid, instance) with an Event sent
+        self._publishing: set[tuple[str, str]] = set()  # VLMDeployments with a refresh running
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -154,9 +154,8 @@ class StallWatch:
             changed = ({n: d[0] for n, d in detectors.items()}
                        != {n: d[0] for n, d in self._detectors.get(key, {}).items()})
             self._detectors[key] = detectors
-        if changed:  # the StallDetection condition changes: publish it (off the round)
-            threading.Thread(target=self.remediator.reconcile, args=key, daemon=True,
-                             name=f"detection {vlmd.name}").start()
+        if changed:  # the StallDetection condition changes: publish it
+            self._publish(key)
         for pod, why in stalls_found:
             log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name,
                         pod["metadata"]["name"], why)
@@ -209,19 +208,35 @@ class StallWatch:
         log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name, name, detail)
         self._report(vlmd, pod, "engine_stalled", now, detail)
 
+    def _publish(self, key: tuple[str, str]) -> None:
+        """Refresh the VLMDeployment's status off the round's thread, one refresh at a time
+        per VLMDeployment (the Reconciler coalesces what comes meanwhile)."""
+        with self._lock:
+            if key in self._publishing:
+                return
+            self._publishing.add(key)
+
+        def run() -> None:
+            try:
+                self.remediator.reconcile(*key)
+            finally:
+                with self._lock:
+                    self._publishing.discard(key)
+
+        threading.Thread(target=run, daemon=True, name=f"detection {key[1]}").start()
+
     def _detector_off(self, vlmd: VLMDeployment, pod: dict, progress: stalls.Progress) -> None:
-        """The canary was refused and the pod logs no heartbeat: say so (an Event once per
-        container, the StallDetection condition) instead of going silently blind."""
+        """The canary was refused and the pod logs no heartbeat: say so (the StallDetection
+        condition, an Event) instead of going silently blind. Once per container: a refused
+        canary is never sent to it again."""
         uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
         beats, _ = self.heartbeats.of(uid, restart_count(pod))
         how, why = stalls.detector(bool(beats), progress)
-        mark = (uid, restart_count(pod))
         with self._lock:
             detectors = self._detectors.get((vlmd.namespace, vlmd.name))
-            if how != stalls.OFF or detectors is None or mark in self._told_off:
+            if how != stalls.OFF or detectors is None:
                 return
             self._detectors[(vlmd.namespace, vlmd.name)] = {**detectors, name: (how, why)}
-            self._told_off = {m for m in self._told_off if m[0] != uid} | {mark}
         log.warning("%s/%s: hung-engine detection off for %s: %s", vlmd.namespace, vlmd.name,
                     name, why)
         self.remediator._post(vlmd.namespace, vlmd.name, pod, status.Event(
