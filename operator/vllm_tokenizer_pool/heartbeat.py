@@ -35,6 +35,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
+from vllm_tokenizer_pool.plugin import emit
+
 logger = logging.getLogger("vllm.vlm_engine_heartbeat")
 
 DEFAULT_PERIOD_S = 5.0
@@ -164,8 +166,8 @@ def _beat(ref: weakref.ref, steps: StepLog, every: float) -> None:
         try:
             running, waiting = request_counts(scheduler)
             del scheduler
-            logger.info(heartbeat_line(every, *steps.snapshot(time.monotonic()), running,
-                                       waiting))
+            line = heartbeat_line(every, *steps.snapshot(time.monotonic()), running, waiting)
+            emit(logging.INFO, line, logger, stacklevel=2)
         except Exception:  # a failed line is skipped, never raised: the next one comes
             continue
 
@@ -182,8 +184,8 @@ def hook(scheduler_cls: type, every: float) -> bool:
         try:
             instrument(self, every)
         except Exception as exc:  # the engine runs on, without a heartbeat
-            logger.warning("vlm-engine-heartbeat off: reason=%s", " ".join(
-                f"{type(exc).__name__}: {exc}".split()))
+            emit(logging.WARNING, "vlm-engine-heartbeat off: reason=" + " ".join(
+                f"{type(exc).__name__}: {exc}".split()), logger, stacklevel=2)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__name__, __init__.__qualname__ = original.__name__, original.__qualname__

@@ -163,14 +163,14 @@ class _State:
             if self.active_logged:
                 return
             self.active_logged = True
-        _emit(logging.INFO, active_line(self.version, pool_size, self.targets))
+        emit(logging.INFO, active_line(self.version, pool_size, self.targets))
 
     def log_inactive(self, reason: str) -> None:
         with self.lock:
             if reason in self.reasons:
                 return
             self.reasons.add(reason)
-        _emit(logging.WARNING, inactive_line(self.version, reason))
+        emit(logging.WARNING, inactive_line(self.version, reason))
 
 
 _state = _State()
@@ -195,27 +195,29 @@ def _with_process_name(record: logging.LogRecord) -> bool:
     return True
 
 
-def _emit(level: int, message: str) -> None:
+def emit(level: int, message: str, log: logging.Logger = logger, stacklevel: int = 3) -> None:
     """Log through vLLM's handler; before vLLM configured its logging (0.33 loads plugins while
-    building its CLI parser, then configures logging) use a one-shot handler with vLLM's format,
-    so the line still carries vLLM's header and is not dropped."""
+    building its CLI parser, then configures logging; a process that builds vLLM's objects
+    without `vllm serve` may never configure it) use a one-shot handler with vLLM's format, so
+    the line still carries vLLM's header and is not dropped. `stacklevel`: whose file and line
+    the header names (3: the caller of the function that called this)."""
     if logging.getLogger("vllm").handlers or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
-        logger.log(level, message, stacklevel=3)
+        log.log(level, message, stacklevel=stacklevel)
         return
     to_stderr = os.environ.get("VLLM_LOGGING_STREAM") == "ext://sys.stderr"
     handler = logging.StreamHandler(sys.stderr if to_stderr else sys.stdout)
     handler.setFormatter(_vllm_formatter())
     handler.addFilter(_with_process_name)
-    saved = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     try:
-        logger.log(level, message, stacklevel=3)
+        log.log(level, message, stacklevel=stacklevel)
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
 def installed_vllm_version() -> str:
@@ -260,7 +262,7 @@ def _start_heartbeat(version: str) -> None:
 
         heartbeat.install()
     except Exception as exc:
-        _emit(logging.WARNING, "vlm-engine-heartbeat off: reason=" + " ".join(
+        emit(logging.WARNING, "vlm-engine-heartbeat off: reason=" + " ".join(
             f"{type(exc).__name__}: {exc}".split()))
 
 

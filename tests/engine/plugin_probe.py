@@ -227,7 +227,8 @@ def build_scheduler(model_dir: str):
     scheduler_config = SchedulerConfig(**_accepted(SchedulerConfig, {
         "max_num_seqs": 4, "max_num_batched_tokens": max_len, "max_model_len": max_len,
         "is_encoder_decoder": False, "enable_chunked_prefill": True}))
-    cache_config = CacheConfig(**_accepted(CacheConfig, {"block_size": block}))
+    cache_config = CacheConfig(**_accepted(CacheConfig, {"block_size": block,
+                                                         "enable_prefix_caching": False}))
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
                              cache_config=cache_config, device_config=DeviceConfig("cpu"))
     cache_config.num_gpu_blocks = blocks
