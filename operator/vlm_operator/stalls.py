@@ -151,10 +151,10 @@ def _one(proc: str, b: Beat, line_at: float | None, now: float, stall_s: float,
     if b.in_flight:
         ran, bound = b.step_s + silent, step_bound_s(b.step_tokens, stall_s, tokens_per_s)
         what = (f"{proc}: one step ({b.step_tokens} tokens scheduled) has run for "
-                f"{ran:.0f} s")
+                f"{ran:.1f} s")
         if ran <= bound:
-            return WORKING, f"{what}, within its bound of {bound:.0f} s"
-        return STALLED, (f"{what}, past its bound of {bound:.0f} s (stallSeconds {stall_s:g} + "
+            return WORKING, f"{what}, within its bound of {bound:.1f} s"
+        return STALLED, (f"{what}, past its bound of {bound:.1f} s (stallSeconds {stall_s:g} + "
                          f"{b.step_tokens} tokens at {tokens_per_s:g} tokens/s); no step "
                          f"completed for {quiet:.0f} s ({counts})")
     if b.running + b.waiting == 0:
