@@ -25,16 +25,18 @@ from common import machine
 from vlm_operator import crd
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed
+from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.operator_process import OperatorProcess
 
 RESULTS = Path(__file__).parent / "results"
 PREFIX = "bench-fm-"
 
 
-def run_row(api, kubeconfig, row, health, limit: float) -> dict:
+def run_row(api, kubeconfig, row, health, limit: float, operator=None) -> dict:
     prefix = "bench-solo-" if row.own_operator else PREFIX
     with Bed.new(api, kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}") as bed:
         bed.limit_s = limit
+        bed.watcher = None if row.own_operator else operator
         started = time.monotonic()
         try:
             seen = row.run(bed, health).as_dict()
@@ -72,15 +74,17 @@ def main() -> int:
     results = []
     with ControlPlane([crd.get_crd(), *crd.get_peering_crds()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
-        with OperatorProcess(cp.kubeconfig, "--standalone", "-n", f"{PREFIX}*"):
+        with OperatorProcess(cp.kubeconfig, "--standalone", "-n", f"{PREFIX}*",
+                             gid=OPERATOR_GID) as operator:
             for row in rows:
                 entry = {"id": row.id, "what": row.what, "must_not": row.must_not,
                          "operator": [], "probes_only": []}
                 for trial in range(args.trials):
-                    entry["operator"].append(run_row(api, cp.kubeconfig, row, None, args.limit))
+                    entry["operator"].append(run_row(api, cp.kubeconfig, row, None, args.limit,
+                                                     operator))
                     if row.probes:
                         entry["probes_only"].append(
-                            run_row(api, cp.kubeconfig, row, IGNORE_ALL, args.limit))
+                            run_row(api, cp.kubeconfig, row, IGNORE_ALL, args.limit, operator))
                     print(row.id, trial, json.dumps(entry["operator"][-1]),
                           json.dumps(entry["probes_only"][-1:]), flush=True)
                 results.append(entry)
@@ -133,6 +137,18 @@ def markdown(out: dict) -> str:
     for row_id, rerun in (out.get("rerun") or {}).items():
         lines.append(f"\n{row_id} was rerun alone at commit {rerun['started_at_commit']} "
                      f"(load average {rerun['machine']['load_avg'][0]:.1f}): {rerun['why']}.")
+    usage = [(entry["id"], mode, run) for entry in out["rows"]
+             for mode in ("operator", "probes_only") for run in entry[mode]
+             if run.get("peak_rss_mib") is not None]
+    if usage:
+        lines += ["", "The operator's own process during the rows that record it (from its "
+                  "process metrics, sampled every 0.5 s; CPU in % of one core, the peak over "
+                  "any 2 s):", "", "| row | mode | peak RSS | CPU mean | CPU peak | "
+                  "requests to the redirects' target |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {row_id} | {mode.replace('_', ' ')} | {run['peak_rss_mib']:g} MiB | "
+                  f"{run['cpu_percent']:g} % | {run['cpu_percent_peak']:g} % | "
+                  f"{len(run.get('redirect_target_requests') or [])} |"
+                  for row_id, mode, run in usage]
     return "\n".join(lines) + "\n"
 
 

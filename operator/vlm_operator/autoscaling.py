@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from vlm_operator.autoscaling_builders import KV_HIGH
 from vlm_operator.builders import GPU_RESOURCE, IN_SERVICE_LABEL
 from vlm_operator.spec import with_defaults
 
@@ -42,7 +43,6 @@ TOLERANCE = 0.2
 FAST_FACTOR = 1.5
 UP_WINDOW_S = 2.5
 SMOOTH_WINDOW_S = 30.0
-KV_HIGH = 0.8
 DRAIN_TIMEOUT_S = 120.0
 
 READY, LOADING, PENDING, UNKNOWN = "ready", "loading", "pending", "unknown"

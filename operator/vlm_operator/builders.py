@@ -22,21 +22,29 @@ SURGE_ANNOTATION = "serving.vlm-operator.dev/surge"
 # Pods whose label is "false" are out of the Service (draining) but still owned by the Deployment.
 IN_SERVICE_LABEL = f"{crd.GROUP}/in-service"
 RUN_AS_USER = 10001  # the uid of images/vllm (any non-root uid works: HOME is a volume)
+# vLLM has an allow-list of media hosts but no "none": a name under .invalid (RFC 2606), which
+# never resolves and no URL can name by accident, allows no http(s) media URL at all.
+NO_MEDIA_HOST = "media-urls-disabled.invalid"
 # Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 180
 
 
 def get_selector_labels(name: str) -> dict[str, str]:
+    """What selects the pods of VLMDeployment `name` (Service, PodDisruptionBudget, the scale
+    subresource's selector, the operator's own lists): managed-by too, so pods of other apps
+    labelled like ours are not selected. Labels alone prove nothing (anyone may set them): the
+    operator acts only on pods whose owner chain leads to it (Kube.list_pods)."""
     return {
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": MANAGER,
     }
 
 
 def get_labels(name: str) -> dict[str, str]:
-    return {**get_selector_labels(name), "app.kubernetes.io/managed-by": MANAGER}
+    return get_selector_labels(name)
 
 
 def get_selector(name: str) -> str:
@@ -57,10 +65,31 @@ def get_owner_references(vlmd: VLMDeployment) -> list[dict]:
     }]
 
 
+def controller_of(obj: dict) -> dict | None:
+    """`obj`'s controller ownerReference, if it has one."""
+    return next((ref for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                 if ref.get("controller")), None)
+
+
 def is_controlled_by(obj: dict, uid: str | None) -> bool:
     """Whether `obj`'s controller ownerReference is the VLMDeployment with `uid`."""
-    return bool(uid) and any(ref.get("controller") and ref.get("uid") == uid
-                             for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    return bool(uid) and (controller_of(obj) or {}).get("uid") == uid
+
+
+def keep_selector(child: dict, existing: dict | None) -> dict:
+    """A Deployment's selector cannot change: one made with an older selector keeps it."""
+    if child["kind"] != "Deployment" or existing is None:
+        return child
+    selector = (existing.get("spec") or {}).get("selector")
+    if not selector or selector == child["spec"]["selector"]:
+        return child
+    return {**child, "spec": {**child["spec"], "selector": selector}}
+
+
+def may_write(existing: dict | None, uid: str | None) -> bool:
+    """Whether the operator may apply a child over `existing` (None: nothing of that name):
+    only onto an object this VLMDeployment controls, never onto another app's."""
+    return existing is None or is_controlled_by(existing, uid)
 
 
 def _metadata(vlmd: VLMDeployment, name: str) -> dict:
@@ -91,7 +120,19 @@ def get_vllm_args(vlmd: VLMDeployment) -> list[str]:
         args += ["--mm-processor-kwargs", _json(engine["mmProcessorKwargs"])]
     if versions.has_flag(vlmd.version, "--renderer-num-workers"):
         args += ["--renderer-num-workers", str(spec["rendererNumWorkers"])]
+    domains = get_media_domains(vlmd)
+    if domains is not None:
+        args += ["--allowed-media-domains", *domains]
     return args + list(engine.get("extraArgs") or [])
+
+
+def get_media_domains(vlmd: VLMDeployment) -> list[str] | None:
+    """The hosts the engine may fetch media URLs from; None: any (["*"] in the spec). A pod
+    fetches what requests name from inside the cluster, so by default no host at all."""
+    domains = vlmd.spec["vllm"].get("allowedMediaDomains") or []
+    if domains == ["*"]:
+        return None
+    return list(domains) or [NO_MEDIA_HOST]
 
 
 def _json(value: Any) -> str:
@@ -105,6 +146,8 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
     ]
+    if get_media_domains(vlmd) is not None:  # a redirect would leave the allowed hosts
+        env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
     token = spec.get("hfTokenSecretRef")
     if token:
         env.append({"name": "HF_TOKEN", "valueFrom": {
@@ -285,14 +328,15 @@ def get_pvc(vlmd: VLMDeployment) -> dict | None:
 
 def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1",
                  hpa_api_version: str = "autoscaling/v2", keda: bool = True,
-                 surge: int = 0) -> list[dict]:
+                 surge: int = 0, prometheus_address: str | None = None) -> list[dict]:
     """Every object the VLMDeployment owns, in the order they should be applied.
 
     `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none); `surge`:
-    see get_deployment.
+    see get_deployment; `prometheus_address`: the Prometheus a ScaledObject queries
+    (policy.prometheus_address).
     """
     pvc = get_pvc(vlmd)
     scaling = autoscaling_builders.get_autoscaling_children(
-        vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda)
+        vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda, prometheus_address)
     return [*([pvc] if pvc else []), get_deployment(vlmd, surge), get_service(vlmd),
             get_pdb(vlmd, pdb_api_version), *scaling]

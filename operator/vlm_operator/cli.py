@@ -10,8 +10,8 @@ from typing import TextIO
 
 import yaml
 
-from vlm_operator import builders, crd
-from vlm_operator.spec import SpecError, parse
+from vlm_operator import builders, crd, policy
+from vlm_operator.spec import SpecError, parse, validate
 
 EXIT_USAGE = 2
 # A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.
@@ -50,6 +50,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not docs:
         print(f"error: {args.filename} holds no VLMDeployment", file=sys.stderr)
         return EXIT_USAGE
+    rules = policy.Policy(prometheus_addresses=tuple(args.keda_prometheus_addresses))
     rendered, failed = [], False
     for index, doc in enumerate(docs, start=1):
         if isinstance(doc, dict) and args.namespace:
@@ -57,6 +58,9 @@ def cmd_render(args: argparse.Namespace) -> int:
                                        "namespace": args.namespace}}
         label = _describe(doc, index)
         try:
+            problems, _ = validate(doc, rules)
+            if problems:
+                raise SpecError(problems)
             vlmd = parse(doc)
         except SpecError as exc:
             failed = True
@@ -66,7 +70,9 @@ def cmd_render(args: argparse.Namespace) -> int:
             continue
         for warning in vlmd.warnings:
             print(f"warning: {args.filename}: {label}: {warning}", file=sys.stderr)
-        rendered += builders.get_children(vlmd, pdb_api_version=args.pdb_api_version)
+        rendered += builders.get_children(
+            vlmd, pdb_api_version=args.pdb_api_version,
+            prometheus_address=policy.prometheus_address(vlmd.spec, rules))
     if failed:
         return EXIT_USAGE
     dump_yaml(rendered, sys.stdout)
@@ -104,6 +110,14 @@ def _secret_label(text: str) -> str:
     return text
 
 
+def _keda_prometheus(group) -> None:
+    group.add_argument("--keda-prometheus-address", action="append",
+                       dest="keda_prometheus_addresses", default=[], metavar="URL",
+                       help="a Prometheus KEDA ScaledObjects may query (repeatable); the first "
+                            "is used when spec.autoscaling.prometheus.serverAddress is unset, "
+                            "and that field may only name one of these")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlm-operator",
@@ -125,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--pdb-api-version", default="policy/v1",
                         choices=["policy/v1", "policy/v1beta1"],
                         help="PodDisruptionBudget API (policy/v1beta1 before Kubernetes 1.21)")
+    _keda_prometheus(render)
     render.set_defaults(func=cmd_render)
 
     crd_cmd = sub.add_parser("crd", help="print the VLMDeployment CustomResourceDefinition",
@@ -186,6 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only Secrets carrying this label may be referenced "
                              "(hfTokenSecretRef, env secretKeyRef); needs get on Secrets, of "
                              "which the operator reads the metadata only")
+    policy.add_argument("--deny-code-options", action="store_true",
+                        help="refuse the vLLM flags and environment variables that run code "
+                             "or fetch models of the tenant's choosing (--trust-remote-code, "
+                             "--worker-extension-cls, PYTHONPATH, HF_ENDPOINT, "
+                             "VLLM_SERVER_DEV_MODE, ...: docs/security.md)")
+    policy.add_argument("--autoscaling-mode", action="append", dest="autoscaling_modes",
+                        choices=crd.AUTOSCALING_MODES, metavar="MODE",
+                        help="an autoscaling mode this installation serves (repeatable; "
+                             "default: all of Builtin, HPA, KEDA); the others are refused")
+    _keda_prometheus(policy)
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -88,9 +88,9 @@ class Informer:
         self._watchdog.forget(f"cache {self.name}")
 
     # -- reads
-    def _fresh(self) -> None:
+    def _fresh(self, wait: bool = True) -> None:
         self.used_at = time.monotonic()
-        if not self._synced.is_set():
+        if not self._synced.is_set() and wait:
             self._synced.wait(SYNC_WAIT_S)
         with self._lock:
             failing = self._failing_since
@@ -103,8 +103,10 @@ class Informer:
         with self._lock:
             return list(self._items.values())
 
-    def indexed(self, key: Any) -> list[Any]:
-        self._fresh()
+    def indexed(self, key: Any, wait: bool = True) -> list[Any]:
+        """The values filed under key; wait=False: raise Stale at once, rather than wait for
+        the first LIST, when it has not come yet."""
+        self._fresh(wait)
         with self._lock:
             return list(self._by.get(key, {}).values())
 
@@ -288,20 +290,32 @@ class ClusterCache:
         return nodes, autoscaling.free_by_node(nodes, self._gpu_pods().values())
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        """Managed pods of `namespace` matching an equality `selector`, as Kube.list_pods
-        (rounds.py reads these every second); raises Stale."""
+        """Managed pods of `namespace` matching an equality `selector` whose owner chain leads
+        to the operator, as Kube.list_pods (rounds.py reads these every second); raises
+        Stale."""
+        wanted = _labels(selector)
+        pods = self._managed(namespace).indexed(
+            (namespace, wanted.get("app.kubernetes.io/instance", "")))
+        return self.kube.owned_pods([p for p in pods if all(
+            (p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())])
+
+    def has_pods(self, namespace: str, name: str) -> bool | None:
+        """Whether the VLMDeployment `name` has pods labelled as its (list_pods then checks
+        their owners), without waiting and without a request: None while the cache cannot say
+        (not listed yet, or stale)."""
+        try:
+            return bool(self._managed(namespace).indexed((namespace, name), wait=False))
+        except Stale:
+            return None
+
+    def _managed(self, namespace: str) -> Informer:
         if self.namespaced:
             self._stop_idle()
-            informer = self._informer(f"managed-pods {namespace}",
-                                      f"/api/v1/namespaces/{namespace}/pods", self._keep_pod,
-                                      (("labelSelector", MANAGED),), _pod_key)
-        else:
-            informer = self._informer("managed-pods", "/api/v1/pods", self._keep_pod,
-                                      (("labelSelector", MANAGED),), _pod_key)
-        wanted = _labels(selector)
-        pods = informer.indexed((namespace, wanted.get("app.kubernetes.io/instance", "")))
-        return [p for p in pods if all((p["metadata"].get("labels") or {}).get(k) == v
-                                       for k, v in wanted.items())]
+            return self._informer(f"managed-pods {namespace}",
+                                  f"/api/v1/namespaces/{namespace}/pods", self._keep_pod,
+                                  (("labelSelector", MANAGED),), _pod_key)
+        return self._informer("managed-pods", "/api/v1/pods", self._keep_pod,
+                              (("labelSelector", MANAGED),), _pod_key)
 
     def _keep_pod(self, pod: dict) -> dict | None:
         return _slim(pod) if self.owns(*_pod_key(pod)) else None

@@ -119,6 +119,15 @@ def _spec() -> s.Schema:
                     "mmProcessorKwargs": s.obj(
                         "--mm-processor-kwargs: keyword arguments for the multimodal "
                         "processor, passed as JSON.", preserve_unknown=True),
+                    "allowedMediaDomains": s.array(
+                        "Hosts whose http(s) image, audio and video URLs the engine may fetch "
+                        "for requests (vLLM --allowed-media-domains; redirects are not "
+                        "followed). Unset: none, so a request cannot make the pod fetch "
+                        "cluster-internal or cloud metadata addresses; data: URLs always "
+                        "work. [\"*\"]: any host, redirects followed (vLLM's own default).",
+                        s.string("A host name, e.g. images.example.com, or *.",
+                                 pattern=r"^(\*|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?)$"),
+                        max_items=64),
                     "extraArgs": s.array(
                         "Further `vllm serve` flags, passed last and verbatim.",
                         s.string("One argument."), max_items=128),
@@ -236,8 +245,10 @@ def _spec() -> s.Schema:
                     ),
                     "apiUnresponsive": s.obj(
                         "An API server that no longer answers (its event loop blocked): the "
-                        "operator's /metrics read and then a /health check (5 s) both time out. "
-                        "Reported apart from engineStalled.",
+                        "operator's /metrics read and then a /health check (5 s) both time out "
+                        "on connections the pod accepted, and the kubelet agrees (the pod is not "
+                        "Ready). A pod the operator cannot connect to is never acted on "
+                        "(PodsReachable). Reported apart from engineStalled.",
                         {
                             "timeouts": s.integer(
                                 "Consecutive checks where both timed out that trigger the "

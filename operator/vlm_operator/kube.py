@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import logging
 import socket
+import threading
 import time
 from functools import cached_property
 
@@ -24,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
-from vlm_operator import crd
+from vlm_operator import builders, crd
 from vlm_operator.metrics import API_REQUESTS, EVENTS
 from vlm_operator.status import Event
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _PLURALS = {
     "Deployment": "deployments",
+    "ReplicaSet": "replicasets",
     "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
@@ -43,6 +45,9 @@ _PLURALS = {
     crd.KIND: crd.PLURAL,
 }
 KEDA_RECHECK_SECONDS = 10
+OWNERS_KEPT = 20_000  # controller references remembered by object uid (a few MB at most)
+NO_OWNER_RECHECK_S = 10.0  # an object that could not be read is asked for again after this
+INSTANCE_LABEL = "app.kubernetes.io/instance"
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 20.0  # per read: the apiserver answers ordinary requests in milliseconds
 REQUEST_TIMEOUT = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
@@ -115,6 +120,8 @@ class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.api = api_client
         self.core = client.CoreV1Api(api_client)
+        self._owners: dict[str, tuple[dict | None, float]] = {}  # uid -> (controller ref, when)
+        self._owners_lock = threading.Lock()
 
     def _call(self, method: str, path: str, *, body=None, query=None, content_type=None):
         headers = {"Accept": "application/json"}
@@ -141,15 +148,15 @@ class Kube:
                 return None
             raise
 
-    def apply(self, obj: dict) -> tuple[dict | None, dict]:
-        """Server-side apply `obj`; returns (object before, object after)."""
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply `obj` (forcing our fields); returns the object after. Callers
+        check first that the object is theirs (reconciler.py): a forced apply takes over any
+        object of that name."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        before = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        after = self._call("PATCH", path, body=obj,
-                           query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                           content_type="application/apply-patch+yaml")
-        return before, after
+        return self._call("PATCH", path, body=obj,
+                          query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                          content_type="application/apply-patch+yaml")
 
     def get_vlmd(self, namespace: str, name: str) -> dict | None:
         return self.get(crd.API_VERSION, crd.KIND, namespace, name)
@@ -171,9 +178,50 @@ class Kube:
                           body={"metadata": meta}, content_type="application/merge-patch+json")
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        """The pods `selector` matches that are really ours (owned_pods)."""
         result = self._call("GET", object_path("v1", "Pod", namespace),
                             query=[("labelSelector", selector)])
-        return result.get("items", [])
+        return self.owned_pods(result.get("items", []))
+
+    def owned_pods(self, pods: list[dict]) -> list[dict]:
+        """The pods whose owner chain leads to the operator: controlled by a ReplicaSet that a
+        Deployment controls, which the VLMDeployment of the pod's instance label controls.
+        Labels alone prove nothing (anyone who may create pods may copy them), and every action
+        on a pod (a canary, a drain, a deletion) starts from these lists. Controller references
+        are remembered by uid, so a steady state costs no request."""
+        return [pod for pod in pods if self._leads_to_us(pod)]
+
+    def _leads_to_us(self, pod: dict) -> bool:
+        meta = pod["metadata"]
+        namespace, name = meta.get("namespace", ""), (meta.get("labels") or {}).get(
+            INSTANCE_LABEL)
+        replicaset = builders.controller_of(pod)
+        if not name or not replicaset or replicaset.get("kind") != "ReplicaSet":
+            return False
+        deployment = self._controller("apps/v1", "ReplicaSet", namespace, replicaset)
+        if not deployment or (deployment.get("kind"), deployment.get("name")) != (
+                "Deployment", name):
+            return False
+        owner = self._controller("apps/v1", "Deployment", namespace, deployment)
+        return bool(owner) and (owner.get("kind"), owner.get("name")) == (crd.KIND, name) \
+            and owner.get("apiVersion", "").startswith(crd.GROUP + "/")
+
+    def _controller(self, api_version: str, kind: str, namespace: str,
+                    ref: dict) -> dict | None:
+        """The controller reference of the object `ref` points to (same uid), remembered."""
+        uid, now = ref.get("uid", ""), time.monotonic()
+        with self._owners_lock:
+            known = self._owners.get(uid)
+        if known is not None and (known[0] is not None or now - known[1] < NO_OWNER_RECHECK_S):
+            return known[0]
+        obj = self.get(api_version, kind, namespace, ref.get("name", ""))
+        found = (builders.controller_of(obj)
+                 if obj is not None and obj["metadata"].get("uid") == uid else None)
+        with self._owners_lock:
+            if len(self._owners) >= OWNERS_KEPT:
+                self._owners.clear()
+            self._owners[uid] = (found, now)
+        return found
 
     @cached_property
     def pdb_api_version(self) -> str:

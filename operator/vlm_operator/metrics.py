@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 RECONCILES = Counter("vlm_operator_reconciles_total",
                      "Reconcile passes over VLMDeployments, by outcome.", ["result"])
@@ -82,6 +83,52 @@ LOOP_ROUND_AGE = Gauge("vlm_operator_loop_seconds_since_round",
 LOOP_STALLED = Gauge("vlm_operator_loop_stalled",
                      "1 while a loop has not completed a round in the watchdog's factor times "
                      "its period.", ["loop"])
+ROUNDS = Counter("vlm_operator_rounds_total",
+                 "VLMDeployment rounds run (stall detection, Builtin autoscaling); a "
+                 "VLMDeployment with nothing to read or decide (no pods) has none.")
 ROUNDS_STALLED = Gauge("vlm_operator_rounds_stalled",
                        "VLMDeployments whose once-a-second round has not completed in the "
                        "watchdog's factor times its period.")
+
+# Reading tenants' pods (podreads.py): per VLMDeployment and kind of error, never per pod.
+POD_READ_ERRORS = Counter("vlm_operator_pod_read_errors_total",
+                          "Rounds' /metrics reads of managed pods that failed, by kind "
+                          "(unreachable, timeout, too_large, redirect, bad_answer, http_error).",
+                          [*_VLMD, "kind"])
+PODS_UNREACHABLE = Gauge("vlm_operator_pods_unreachable",
+                         "Ready pods of the VLMDeployment the operator cannot connect to "
+                         "(PodsReachable=False).", _VLMD)
+PODS_UNREADABLE = Gauge("vlm_operator_pods_unreadable",
+                        "Started pods of the VLMDeployment that connect but whose /metrics "
+                        "answers fail (PodsReadable=False).", _VLMD)
+
+def _labelled_by_vlmd() -> list[MetricWrapperBase]:
+    return [m for m in globals().values() if isinstance(m, MetricWrapperBase)
+            and tuple(m._labelnames[:2]) == tuple(_VLMD)]
+
+
+def _series(metric: MetricWrapperBase) -> set[tuple[str, ...]]:
+    """The label values of every series of a labelled metric."""
+    return {tuple(v for k, v in sample.labels.items() if k != "le")
+            for family in metric.collect() for sample in family.samples}
+
+
+def vlmds_with_series() -> set[tuple[str, str]]:
+    """(namespace, name) of every VLMDeployment some metric holds series for."""
+    return {values[:2] for metric in _labelled_by_vlmd() for values in _series(metric)}
+
+
+def forget_vlmd(namespace: str, name: str) -> None:
+    """Drop every series of a VLMDeployment that is gone (or another shard's now): per-object
+    series would otherwise pile up for ever with the objects that come and go."""
+    for metric in _labelled_by_vlmd():
+        for values in _series(metric):
+            if values[:2] == (namespace, name):
+                metric.remove(*values)
+
+
+def keep_only(tracked: set[tuple[str, str]]) -> None:
+    """Drop the series of every VLMDeployment not in `tracked`: a safety net behind
+    forget_vlmd for series a round still running wrote after its VLMDeployment went."""
+    for namespace, name in vlmds_with_series() - tracked:
+        forget_vlmd(namespace, name)

@@ -6,7 +6,9 @@ VLMDeployment: deleting one would then hang whenever the operator is not running
 events keep the set of objects here current (handlers.py); `may_act` keeps a replica that kopf's
 peering paused from acting (its events stop too, so what it holds here goes stale). A round
 never waits for one slow VLMDeployment: one whose last round has not finished is skipped
-until it has.
+until it has. Rounds run on TICK_WORKERS workers shared fairly between namespaces
+(fairpool.py), so one tenant's slow rounds take its share of them and no more; a
+VLMDeployment whose round has nothing to do (`due`: no pods, rounds.py) takes none.
 
 Each loop beats the watchdog when it completes a round: "rounds" and "resync" for the loops,
 and every VLMDeployment's own round (watchdog.round_loop). A thread of its own checks them every
@@ -28,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.cluster_cache import Stale
+from vlm_operator.fairpool import FairPool
+from vlm_operator.metrics import ROUNDS
 from vlm_operator.watchdog import ROUND_PREFIX, Watchdog, round_loop
 
 ROUND_SECONDS = 1.0
@@ -43,13 +47,18 @@ Key = tuple[str, str]
 class Periodic:
     def __init__(self, *, tick: Callable[[dict], object], resync: Callable[[str, str], None],
                  forget: Callable[[str, str], None],
+                 due: Callable[[dict], bool] | None = None,
+                 sweep: Callable[[set[Key]], None] = lambda tracked: None,
                  may_act: Callable[[str], bool] | None = None,
                  watchdog: Watchdog | None = None,
                  round_s: float = ROUND_SECONDS,
                  resync_s: float = RESYNC_SECONDS, check_s: float = CHECK_SECONDS) -> None:
         """`tick(body)`: one round of a VLMDeployment; `resync(ns, name)`: one reconcile (logs
-        its own errors); `forget(ns, name)`: drop its round state; `may_act(ns)`: peering.py."""
-        self._tick, self._resync, self._forget = tick, resync, forget
+        its own errors); `forget(ns, name)`: drop its round state; `sweep(tracked)`: once a
+        resync, drop what is kept for VLMDeployments no longer tracked; `due(body)`: whether
+        its round has anything to do (default: always); `may_act(ns)`: peering.py."""
+        self._tick, self._resync, self._forget, self._sweep = tick, resync, forget, sweep
+        self._due = due or (lambda body: True)
         self._may_act = may_act or (lambda namespace: True)
         self.watchdog = watchdog or Watchdog()
         self.round_s, self.resync_s = round_s, resync_s
@@ -58,7 +67,7 @@ class Periodic:
         self._failing: dict[Key, int] = {}  # rounds failed in a row, while > 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(TICK_WORKERS, thread_name_prefix="round")
+        self._pool = FairPool(TICK_WORKERS, "round")
         self._publish = ThreadPoolExecutor(PUBLISH_WORKERS, thread_name_prefix="watchdog")
         self._threads = [
             threading.Thread(target=self._every, args=("rounds", round_s, self._round, 0.0),
@@ -95,7 +104,7 @@ class Periodic:
 
     def stop(self) -> None:
         self._stop.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self._publish.shutdown(wait=False, cancel_futures=True)
 
     def _every(self, loop: str, seconds: float, fn: Callable[[], None],
@@ -129,14 +138,26 @@ class Periodic:
         futures = []
         for body in self._mine():
             key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            if not self._is_due(body):  # nothing to do: nothing is owed either
+                self.watchdog.beat(round_loop(*key), self.round_s)
+                continue
             with self._lock:
                 if key in self._ticking:  # its last round is still running: skip it
                     continue
                 self._ticking.add(key)
-            futures.append(self._pool.submit(self._tick_logged, key, body))
+            futures.append(self._pool.submit(key, self._tick_logged, key, body))
         wait(futures, timeout=self.round_s)  # the slow ones finish on their own
 
+    def _is_due(self, body: dict) -> bool:
+        try:
+            return self._due(body)
+        except Exception:  # one VLMDeployment's trouble must not stop the others' rounds
+            log.exception("deciding whether %s/%s has a round failed",
+                          body["metadata"]["namespace"], body["metadata"]["name"])
+            return True
+
     def _tick_logged(self, key: Key, body: dict) -> None:
+        ROUNDS.inc()
         try:
             self._tick(body)
         except Exception as exc:
@@ -152,6 +173,8 @@ class Periodic:
                 tracked = key in self._bodies
             if tracked:
                 self.watchdog.beat(round_loop(*key), self.round_s)
+            else:  # it went while this round ran: drop what the round kept or wrote again
+                self._forget(*key)
 
     def _failed(self, key: Key, exc: Exception) -> None:
         with self._lock:
@@ -167,6 +190,9 @@ class Periodic:
     def _resync_round(self) -> None:
         """Every VLMDeployment once, spread over RESYNC_SPREAD of the period: 200 reconciles
         at once would be a burst of some 2,000 requests to the apiserver every 5 minutes."""
+        with self._lock:
+            tracked = set(self._bodies)
+        self._sweep(tracked)
         bodies = self._mine()
         gap = self.resync_s * RESYNC_SPREAD / max(1, len(bodies))
         for i, body in enumerate(bodies):

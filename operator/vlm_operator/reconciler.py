@@ -110,8 +110,10 @@ class Reconciler:
         namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
         old_status = body.get("status") or {}
         first_look = old_status.get("observedGeneration") != generation
-        problems, warnings = validate(body, self.rules, lambda secret: policy.secret_labels(
-            self.kube.api, namespace, secret))
+        problems, warnings = validate(
+            body, self.rules,
+            lambda secret: policy.secret_labels(self.kube.api, namespace, secret),
+            lambda priority_class: policy.priority_value(self.kube.api, priority_class))
         vlmd = None
         if not problems:
             try:
@@ -119,12 +121,15 @@ class Reconciler:
             except SpecError as exc:  # validate and parse agree; kept for safety of the loop
                 problems = exc.problems
         failures: list[ApiException] = []
+        foreign: list[str] = []
         if vlmd is not None:
-            failures = self._apply_children(body, vlmd, drift=not first_look)
+            failures, foreign = self._apply_children(body, vlmd, drift=not first_look)
             if first_look:
                 for warning in warnings:
                     self.kube.post_event(body, status.Event("Warning", "SpecWarning", warning))
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        if deployment is not None and not builders.is_controlled_by(deployment, meta.get("uid")):
+            deployment = None  # another app's: its rollout says nothing about ours
         pods = self.kube.list_pods(namespace, builders.get_selector(name))
         if vlmd is not None:
             self._put_back_stale_drains(body, vlmd, pods)
@@ -132,6 +137,12 @@ class Reconciler:
         if failures:
             reports.append(status.Report("Degraded", "True", "ApplyFailed", "; ".join(
                 _failure_text(exc) for exc in failures)))
+        if foreign:
+            reports.append(status.Report("Degraded", "True", "ObjectNotOwned", (
+                f"{', '.join(foreign)} already exist{'s' if len(foreign) == 1 else ''} and "
+                f"{'is' if len(foreign) == 1 else 'are'} not controlled by this VLMDeployment: "
+                "the operator leaves them untouched; delete or rename them, or give the "
+                "VLMDeployment another name")))
         new_status = status.get_status(
             name=name, generation=generation, old=old_status, vlmd=vlmd, problems=problems,
             deployment=deployment, pods=pods, now=now_iso(), reports=reports,
@@ -146,28 +157,37 @@ class Reconciler:
         if retry:  # status says what failed; the caller retries these
             raise retry[0]
 
-    def _apply_children(self, body: dict, vlmd, drift: bool) -> list[ApiException]:
+    def _apply_children(self, body: dict, vlmd, drift: bool
+                        ) -> tuple[list[ApiException], list[str]]:
         """Apply every child; one that fails (RBAC, admission, a bad field) does not stop the
-        others, and the failures are returned for status."""
+        others. An object of a child's name that this VLMDeployment does not control (another
+        app's Service, a PVC made by hand) is never written: a forced apply would take it over
+        and the garbage collector would delete it with the VLMDeployment. Returns the failures
+        and the objects left alone ("Kind name"), for status."""
         hpa_version = self.kube.hpa_api_version
         keda = self.kube.keda_served()
         if not drift:  # a new spec may no longer want an autoscaler an older one made
             self._delete_unwanted(body, vlmd, hpa_version, keda)
         surge = incidents.surge(body["metadata"].get("annotations"))
-        failures = []
+        failures, foreign = [], []
+        address = policy.prometheus_address(vlmd.spec, self.rules or policy.Policy())
         for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
-                                           surge):
+                                           surge, address):
+            kind, child_name = child["kind"], child["metadata"]["name"]
             try:
-                before, after = self.kube.apply(child)
+                before = self.kube.get(child["apiVersion"], kind, vlmd.namespace, child_name)
+                if not builders.may_write(before, vlmd.uid):
+                    foreign.append(f"{kind} {child_name}")
+                    continue
+                after = self.kube.apply(builders.keep_selector(child, before))
             except ApiException as exc:
-                exc.child = f"{child['kind']} {child['metadata']['name']}"
+                exc.child = f"{kind} {child_name}"
                 log.warning("%s/%s: applying %s failed: %s %s", vlmd.namespace, vlmd.name,
                             exc.child, exc.status, exc.reason)
                 failures.append(exc)
                 continue
             if not _changed(before, after):
                 continue
-            kind, child_name = child["kind"], child["metadata"]["name"]
             if before is None:
                 reason, verb = ("DriftRestored", "Recreated") if drift else ("Created", "Created")
             else:
@@ -181,7 +201,10 @@ class Reconciler:
                               else "(replacement done)"))
             log.info("%s/%s: %s", vlmd.namespace, vlmd.name, message)
             self.kube.post_event(body, status.Event("Normal", reason, message))
-        return failures
+        if foreign:
+            log.warning("%s/%s: not ours, left untouched: %s", vlmd.namespace, vlmd.name,
+                        ", ".join(foreign))
+        return failures, foreign
 
     def _put_back_stale_drains(self, body: dict, vlmd, pods: list[dict]) -> None:
         """Pods the Builtin autoscaler took out of the Service when it is no longer on: nothing
@@ -195,8 +218,9 @@ class Reconciler:
     def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
         """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
         the same name that is not ours (another controller's, a user's) stays."""
+        served = (self.rules or policy.Policy()).autoscaling_modes
         for api_version, kind, child_name in autoscaling_builders.get_unwanted(
-                vlmd, hpa_version, keda):
+                vlmd, hpa_version, keda, served):
             obj = self.kube.get(api_version, kind, vlmd.namespace, child_name)
             if obj is None or not builders.is_controlled_by(obj, vlmd.uid):
                 continue

@@ -1,13 +1,20 @@
-"""One round per VLMDeployment every second (periodic.py): its pods listed once, each pod's
-/metrics read once (scrape.Scraper: in parallel, each with a deadline), and the readings handed
-to stall detection and, in Builtin mode, to the autoscaler."""
+"""One round per VLMDeployment every second (periodic.py): its pods listed once (from the
+watch-fed cache: no request), each pod's /metrics read once (scrape.Scraper: in parallel, each
+with a deadline, on workers shared fairly between namespaces), and the readings handed to
+podreads.py (reachability for status), stall detection and, in Builtin mode, the autoscaler.
+
+A VLMDeployment with no pod has no round (`due`): nothing to read, nothing to decide, no
+round worker taken, unless its Builtin autoscaler has replicas to add (below minReplicas) or
+the last round left state to clear."""
 
 from __future__ import annotations
 
 from vlm_operator import builders
 from vlm_operator.autoscaler import Autoscaler, is_builtin, metric_names
-from vlm_operator.kube import Kube
+from vlm_operator.autoscaling import policy_from_spec
+from vlm_operator.cluster_cache import ClusterCache
 from vlm_operator.logfollow import is_running
+from vlm_operator.podreads import PodReads
 from vlm_operator.scrape import Scraper
 from vlm_operator.spec import SpecError, parse
 from vlm_operator.stall_watch import StallWatch
@@ -15,10 +22,29 @@ from vlm_operator.stalls import PROGRESS_METRICS
 
 
 class Rounds:
-    def __init__(self, kube: Kube, scraper: Scraper, stall_watch: StallWatch,
-                 autoscaler: Autoscaler) -> None:
-        self.kube, self.scraper = kube, scraper
+    def __init__(self, cluster: ClusterCache, scraper: Scraper, stall_watch: StallWatch,
+                 autoscaler: Autoscaler, reads: PodReads) -> None:
+        self.cluster, self.scraper, self.reads = cluster, scraper, reads
         self.stall_watch, self.autoscaler = stall_watch, autoscaler
+
+    def due(self, body: dict) -> bool:
+        """Whether the VLMDeployment's round has anything to do (body as for tick). No request:
+        the pods come from the cache, without waiting for it (a cache that cannot say yet
+        counts as pods: the round then says what is wrong)."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if self.cluster.has_pods(namespace, name) is not False:
+            return True
+        if self.reads.tracks(namespace, name):  # pods went: one more round clears their state
+            return True
+        spec = body.get("spec") or {}
+        if not is_builtin(spec):
+            return False
+        try:
+            return int(spec.get("replicas", 1)) < policy_from_spec(
+                spec["autoscaling"]).min_replicas
+        except (TypeError, ValueError, KeyError):
+            return True  # a spec the round must report on
 
     def tick(self, body: dict) -> None:
         """body: the plain-dict snapshot periodic.py keeps (read, never changed)."""
@@ -26,13 +52,16 @@ class Rounds:
             vlmd = parse(body)
         except SpecError:
             return
-        pods = [p for p in self.kube.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
+        pods = [p for p in self.cluster.list_pods(vlmd.namespace,
+                                                  builders.get_selector(vlmd.name))
                 if not p["metadata"].get("deletionTimestamp")]
         builtin = is_builtin(vlmd.spec)
         names = {*PROGRESS_METRICS, *(metric_names(vlmd.spec) if builtin else ())}
         # every running container, ready or not: a hung API server fails its readiness probe
         # long before its liveness probe restarts it, and is still this round's business
-        scrapes = self.scraper.scrape([p for p in pods if is_running(p)], names)
+        scrapes = self.scraper.scrape((vlmd.namespace, vlmd.name),
+                                      [p for p in pods if is_running(p)], names)
+        self.reads.observe(vlmd.namespace, vlmd.name, pods, scrapes)
         self.stall_watch.observe(vlmd, pods, scrapes)
         if builtin:
             self.autoscaler.tick(body, pods, scrapes)
@@ -43,3 +72,4 @@ class Rounds:
         """The VLMDeployment is gone (or no longer this replica's)."""
         self.stall_watch.forget(namespace, name)
         self.autoscaler.forget(namespace, name)
+        self.reads.forget(namespace, name)

@@ -13,12 +13,14 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
+from vlm_operator import metrics
 from vlm_operator.autoscaler import Autoscaler
 from vlm_operator.cluster_cache import ClusterCache
 from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
 from vlm_operator.logwatch import LogWatch
 from vlm_operator.peering import Peering, get_identity
 from vlm_operator.periodic import Periodic
+from vlm_operator.podreads import PodReads
 from vlm_operator.policy import Policy
 from vlm_operator.reconciler import Reconciler
 from vlm_operator.rounds import Rounds
@@ -95,6 +97,14 @@ def get_shard(args: argparse.Namespace) -> Shard:
     return Shard(index, max(1, args.shards))
 
 
+def get_policy(args: argparse.Namespace) -> Policy:
+    """The admin's policy from `vlm-operator run`'s flags."""
+    return Policy(tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label,
+                  deny_code_options=args.deny_code_options,
+                  autoscaling_modes=tuple(args.autoscaling_modes or Policy.autoscaling_modes),
+                  prometheus_addresses=tuple(args.keda_prometheus_addresses))
+
+
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
     settings.peering.name = get_shard(args).peering(args.peering)
     settings.peering.priority = args.priority
@@ -149,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
         api = _api_client()
         if not args.standalone:
             ensure_peering(api, peering_name, args.namespaces)
-        memo.reconciler = Reconciler(Kube(api), Policy(
-            tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label))
+        memo.reconciler = Reconciler(Kube(api), get_policy(args))
         watchdog = Watchdog()
         # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
         memo.cluster = ClusterCache(memo.reconciler.kube, args.namespaces, watchdog,
@@ -171,10 +180,18 @@ def run(args: argparse.Namespace) -> int:
         memo.reconciler.report_providers += [memo.logwatch.reports, stall_watch.reports]
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()
+        reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
+        memo.reconciler.report_providers.append(reads.reports)
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        stall_watch, memo.autoscaler)
+                        stall_watch, memo.autoscaler, reads)
+
+        def forget(namespace: str, name: str) -> None:
+            """The VLMDeployment is gone (or another shard's): its round state and series."""
+            rounds.forget(namespace, name)
+            metrics.forget_vlmd(namespace, name)
+
         memo.periodic = Periodic(
-            tick=rounds.tick, forget=rounds.forget,
+            tick=rounds.tick, forget=forget, due=rounds.due, sweep=metrics.keep_only,
             resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
             may_act=peering.may_act if peering else None, watchdog=watchdog).start()
         if args.metrics_port:

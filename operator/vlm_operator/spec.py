@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from vlm_operator import crd, policy, signatures, versions
+from vlm_operator import crd, policy, promql, signatures, versions
 from vlm_operator.schema import apply_defaults
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
@@ -33,6 +33,7 @@ MANAGED_FLAGS = {
     "--limit-mm-per-prompt": "set spec.vllm.limitMmPerPrompt instead",
     "--mm-processor-kwargs": "set spec.vllm.mmProcessorKwargs instead",
     "--renderer-num-workers": "set spec.rendererNumWorkers instead",
+    "--allowed-media-domains": "set spec.vllm.allowedMediaDomains instead",
     "--hf-token": "use spec.hfTokenSecretRef: a token on the command line is visible to "
                   "anyone who can read the pod",
 }
@@ -44,7 +45,12 @@ MANAGED_ENV = {
     "HUGGING_FACE_HUB_TOKEN": "spec.hfTokenSecretRef",
     "HF_HOME": "spec.modelCache.mountPath",
     "HOME": "the operator",
+    "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "spec.vllm.allowedMediaDomains",
 }
+# The HorizontalPodAutoscaler API (and so KEDA's) refuses stabilization windows over an hour.
+HPA_MAX_WINDOW_S = 3600
+# spec.health policies whose action may be ScaleDown, as (field, path in the spec).
+_ACTION_FIELDS = ("tokenizerRetry", "engineDead", "engineStalled", "apiUnresponsive")
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIALS?)$", re.I)
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -212,6 +218,10 @@ def _engine_problems(spec: dict) -> list[str]:
         if flag in MANAGED_FLAGS:
             problems.append(f"spec.vllm.extraArgs[{i}]: {flag} is managed by the operator: "
                             f"{MANAGED_FLAGS[flag]}")
+    domains = engine.get("allowedMediaDomains")
+    if isinstance(domains, list) and "*" in domains and len(domains) > 1:
+        problems.append("spec.vllm.allowedMediaDomains: \"*\" allows any host and must be the "
+                        "only entry")
     problems += _env_problems(engine.get("env"))
     return problems
 
@@ -274,28 +284,78 @@ def _signature_problems(spec: dict) -> list[str]:
     return problems
 
 
-def _scaling_problems(spec: dict) -> list[str]:
+def _scaling_problems(spec: dict, namespace: str) -> list[str]:
     scaling = _section(spec, "autoscaling")
     problems = []
     low, high = scaling.get("minReplicas"), scaling.get("maxReplicas")
     if isinstance(low, int) and isinstance(high, int) and low > high:
         problems.append(f"spec.autoscaling.minReplicas: {low} is larger than "
                         f"spec.autoscaling.maxReplicas ({high})")
-    prom = _section(scaling, "prometheus")
-    if scaling.get("enabled") and scaling.get("mode") == "KEDA" and not prom.get("serverAddress"):
-        problems.append("spec.autoscaling.prometheus.serverAddress: is required in KEDA mode")
+    mode = scaling.get("mode", "Builtin") if scaling.get("enabled") else None
+    if mode in ("HPA", "KEDA"):
+        owner = "the HorizontalPodAutoscaler" if mode == "HPA" else "KEDA's HorizontalPodAutoscaler"
+        delay = scaling.get("scaleDownDelaySeconds")
+        if isinstance(delay, int) and delay > HPA_MAX_WINDOW_S:
+            problems.append(
+                f"spec.autoscaling.scaleDownDelaySeconds: {delay} is more than "
+                f"{HPA_MAX_WINDOW_S} in {mode} mode: it becomes {owner}'s scale-down "
+                f"stabilization window, which the API refuses above {HPA_MAX_WINDOW_S} s; use "
+                f"{HPA_MAX_WINDOW_S} or less, or Builtin mode")
+        for where, action in _actions(spec):
+            if action == "ScaleDown":
+                problems.append(
+                    f"{where}: ScaleDown is not available in {mode} mode: {owner} owns "
+                    "spec.replicas and would restore the lowered count at once (the pod would "
+                    "only be restarted after a drain); use Restart")
+    if mode == "KEDA":
+        if low == 0:
+            problems.append(
+                "spec.autoscaling.minReplicas: 0 is not supported in KEDA mode: at zero "
+                "replicas the pods' series are gone, so the query reads nothing and the "
+                "ScaledObject would never scale back up; use 1 or more")
+        query = _section(scaling, "prometheus").get("query")
+        if isinstance(query, str) and query:
+            problems += promql.namespace_problems(query, namespace,
+                                                  "spec.autoscaling.prometheus.query")
     return problems
+
+
+def _actions(spec: dict) -> list[tuple[str, Any]]:
+    """(field, action) of every spec.health policy."""
+    health = _section(spec, "health")
+    out = [(f"spec.health.{key}.action", _section(health, key).get("action"))
+           for key in _ACTION_FIELDS]
+    extra = health.get("extraSignatures")
+    for i, sig in enumerate(extra if isinstance(extra, list) else []):
+        if isinstance(sig, dict):
+            out.append((f"spec.health.extraSignatures[{i}].action", sig.get("action")))
+    return out
+
+
+def _availability_problems(spec: dict) -> list[str]:
+    """minAvailable above the replicas makes a PodDisruptionBudget that refuses every eviction
+    (node drains, upgrades and the cluster autoscaler wait on it) and leaves remediation only
+    replacements: refused, whether written by mistake or on purpose."""
+    min_available = _section(spec, "health").get("minAvailable")
+    scaling = _section(spec, "autoscaling")
+    if scaling.get("enabled"):
+        where, fewest = "spec.autoscaling.minReplicas", scaling.get("minReplicas")
+        what = "the fewest replicas autoscaling may leave"
+    else:
+        where, fewest, what = "spec.replicas", spec.get("replicas"), "the replicas asked for"
+    if not isinstance(min_available, int) or not isinstance(fewest, int):
+        return []
+    most = max(1, fewest)  # no replica: a PodDisruptionBudget of 1 holds nothing
+    if min_available <= most:
+        return []
+    return [f"spec.health.minAvailable: {min_available} is more than {where} ({fewest}), "
+            f"{what}: the PodDisruptionBudget would refuse every eviction, so node drains "
+            f"could never finish; at most {most}"]
 
 
 def _warnings(spec: dict) -> list[str]:
     warnings = []
     replicas = spec.get("replicas")
-    min_available = _section(spec, "health").get("minAvailable")
-    if isinstance(replicas, int) and isinstance(min_available, int) and min_available > replicas:
-        warnings.append(
-            f"spec.health.minAvailable: {min_available} is more than spec.replicas ({replicas}): "
-            "no pod can be evicted, and remediation can only replace pods that still serve "
-            "(one extra GPU each), never remove them")
     cache_spec, scaling = _section(spec, "modelCache"), _section(spec, "autoscaling")
     high = scaling.get("maxReplicas") if scaling.get("enabled") else None
     most = max(replicas if isinstance(replicas, int) else 1,
@@ -308,12 +368,14 @@ def _warnings(spec: dict) -> list[str]:
 
 
 def validate(obj: Any, rules: policy.Policy | None = None,
-             secret_labels: Callable[[str], Mapping[str, str] | None] | None = None
+             secret_labels: Callable[[str], Mapping[str, str] | None] | None = None,
+             priority_value: Callable[[str], int | None] | None = None
              ) -> tuple[list[str], list[str]]:
     """All problems and warnings of a VLMDeployment object, as `field: what is wrong` lines.
 
     With the operator's policy (`rules`), a spec that is otherwise valid is also checked
-    against it; `secret_labels(name)` reads a Secret's labels for its Secret rule."""
+    against it; `secret_labels(name)` reads a Secret's labels for its Secret rule,
+    `priority_value(name)` a PriorityClass's value for its priority rule."""
     if not isinstance(obj, dict):
         return [f"(root): a VLMDeployment must be a mapping, got {type(obj).__name__}"], []
     problems = _metadata_problems(obj) + _schema_problems(obj)
@@ -323,9 +385,13 @@ def validate(obj: Any, rules: policy.Policy | None = None,
     spec = with_defaults(spec)
     _, version_problems, warnings = resolve_version(spec)
     problems += version_problems + _engine_problems(spec) + _cache_problems(spec)
-    problems += _scaling_problems(spec) + _signature_problems(spec)
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    namespace = meta.get("namespace") or "default"
+    problems += _scaling_problems(spec, namespace) + _availability_problems(spec)
+    problems += _signature_problems(spec)
     if rules is not None and not problems:
-        problems = policy.problems(spec, rules, secret_labels or (lambda _: None))
+        problems = policy.problems(spec, rules, secret_labels or (lambda _: None),
+                                   priority_value or (lambda _: None))
     return list(dict.fromkeys(problems)), warnings + _warnings(spec)
 
 

@@ -1,7 +1,7 @@
 """Stall detection, the acting side: each round's /metrics readings go through stalls.py;
-canaries and /health checks run on threads of their own (one at a time per pod, each with its
-deadline), and verdicts reach the Remediator as engine_stalled or api_unresponsive incidents,
-with the same guards as log signatures.
+canaries and /health checks run on CHECK_WORKERS workers shared fairly between namespaces (one
+at a time per pod, each with its deadline), and verdicts reach the Remediator as engine_stalled
+or api_unresponsive incidents, with the same guards as log signatures.
 
 Where the vlm-operator plugin runs, the engine's own heartbeat (a log line every few seconds,
 read by the log followers into `Heartbeats`) decides first (stalls.by_heartbeat): it tells a
@@ -13,6 +13,10 @@ A canary is a 1-token completion with request id `vlm-operator-canary-*` (header
 user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request_success_total
 like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
 one per stallSeconds - canaryTimeoutSeconds; a pod whose counters move gets none.
+
+Only timeouts on connections the pod accepted are evidence (podhttp.py): a /metrics read that
+could not connect starts no check, and api_unresponsive is acted on only while the kubelet
+agrees (the pod is not Ready); until then it is logged once and left alone.
 """
 
 from __future__ import annotations
@@ -24,20 +28,18 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from vlm_operator import scrape, stalls, status
+from vlm_operator.fairpool import FairPool
 from vlm_operator.logfollow import restart_count
 from vlm_operator.metrics import CANARIES, DETECTIONS
+from vlm_operator.podhttp import TIMEOUT
 from vlm_operator.remediator import Remediator
 from vlm_operator.spec import VLMDeployment
 
 log = logging.getLogger(__name__)
 
 API_HEALTH_TIMEOUT_S = 5.0  # as the generated liveness probe's timeout
-
-
-def _ready(pod: dict) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or [])
+CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly between
+# namespaces (fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
 class LogSource(Protocol):
@@ -89,11 +91,17 @@ class StallWatch:
     def __init__(self, remediator: Remediator, heartbeats: Heartbeats) -> None:
         self.remediator = remediator
         self.heartbeats = heartbeats
+        self._pool = FairPool(CHECK_WORKERS, "check")
         self._lock = threading.Lock()
         # (namespace, name) -> pod uid -> progress, of running containers (canaries only for
         # ready ones); replaced whole every round
         self._progress: dict[tuple[str, str], dict[str, stalls.Progress]] = {}
+        self._pods: dict[tuple[str, str], dict[str, dict]] = {}  # the same, uid -> the pod
+        # object as last seen by a round (the kubelet's view for api_unresponsive)
         self._checking: set[str] = set()  # pod uids with a canary or /health check running
+        # the same, pod uids logged as unresponsive without the kubelet agreeing, until they
+        # answer again (logged once)
+        self._uncorroborated: dict[tuple[str, str], set[str]] = {}
         # (namespace, name) -> pod name -> stalls.detector() of its running containers
         self._detectors: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._publishing: set[tuple[str, str]] = set()  # VLMDeployments with a refresh running
@@ -101,6 +109,8 @@ class StallWatch:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._progress.pop((namespace, name), None)
+            self._pods.pop((namespace, name), None)
+            self._uncorroborated.pop((namespace, name), None)
             self._detectors.pop((namespace, name), None)
 
     def reports(self, namespace: str, name: str) -> list[status.Report]:
@@ -132,7 +142,7 @@ class StallWatch:
                     progress = stalls.after_health(progress, False, None)
                 beats, line_at = self.heartbeats.of(uid, restart_count(pod))
                 verdict = None
-                if watching and _ready(pod):
+                if watching and stalls.ready(pod):
                     verdict, why = stalls.by_heartbeat(beats, line_at, now,
                                                        stalled["stallSeconds"],
                                                        stalled["minTokensPerSecond"])
@@ -144,12 +154,17 @@ class StallWatch:
                         stalls_found.append((pod, why))
                 after[uid] = progress
                 detectors[pod["metadata"]["name"]] = stalls.detector(bool(beats), progress)
-                if reading.error == scrape.TIMEOUT and unresponsive["action"] != "Ignore":
+                if reading.error == TIMEOUT and unresponsive["action"] != "Ignore":
                     due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
                 elif verdict == stalls.UNKNOWN and stalls.canary_due(
                         progress, now, stalled["stallSeconds"], stalled["canaryTimeoutSeconds"]):
                     due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))
             self._progress[key] = after
+            self._pods[key] = {p["metadata"]["uid"]: p for p in pods
+                               if p["metadata"]["uid"] in after}
+            answered = {uid for uid in after if after[uid].read_at == now}
+            self._uncorroborated[key] = self._uncorroborated.get(key, set()) & (
+                set(after) - answered)
             detectors = detectors if watching else {}
             changed = ({n: d[0] for n, d in detectors.items()}
                        != {n: d[0] for n, d in self._detectors.get(key, {}).items()})
@@ -174,7 +189,7 @@ class StallWatch:
             self._progress[(vlmd.namespace, vlmd.name)] = {**pods, uid: progress}
             return progress, verdict
 
-    def _start(self, uid: str, check, *args) -> None:
+    def _start(self, uid: str, check, vlmd: VLMDeployment, *args) -> None:
         with self._lock:
             if uid in self._checking:
                 return
@@ -182,14 +197,15 @@ class StallWatch:
 
         def run() -> None:
             try:
-                check(*args)
+                check(vlmd, *args)
             except Exception:  # a check must never take the watch down
                 log.exception("stall check of %s failed", uid)
-            finally:
-                with self._lock:
-                    self._checking.discard(uid)
 
-        threading.Thread(target=run, daemon=True, name=f"check {uid[:8]}").start()
+        def done(_future) -> None:  # ran, failed, or dropped at shutdown
+            with self._lock:
+                self._checking.discard(uid)
+
+        self._pool.submit((vlmd.namespace, vlmd.name), run).add_done_callback(done)
 
     def _canary(self, vlmd: VLMDeployment, pod: dict, timeout_s: float) -> None:
         uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
@@ -245,17 +261,35 @@ class StallWatch:
         self.remediator.reconcile(vlmd.namespace, vlmd.name)
 
     def _check_api(self, vlmd: VLMDeployment, pod: dict, needed: int) -> None:
-        """/metrics timed out this round: does /health answer within the probe's timeout?"""
-        name = pod["metadata"]["name"]
+        """/metrics timed out this round on a connection the pod accepted: does /health answer
+        within the probe's timeout, and does the kubelet see it too?"""
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
         answer = scrape.health(scrape.pod_ip(pod), API_HEALTH_TIMEOUT_S)
-        judged = self._store(vlmd, pod["metadata"]["uid"],
+        judged = self._store(vlmd, uid,
                              lambda p: (stalls.after_health(p, True, answer), None))
-        if judged is None or judged[0].timeouts < needed:
+        if judged is None:
             return
         progress = judged[0]
+        with self._lock:  # the pod as the latest round saw it
+            pod = self._pods.get((vlmd.namespace, vlmd.name), {}).get(uid, pod)
+        verdict = stalls.api_verdict(progress, needed, stalls.not_ready(pod))
         detail = (f"/metrics and /health both timed out in {progress.timeouts} checks in a row "
-                  f"(/health waited {API_HEALTH_TIMEOUT_S:g} s): the API server's event loop is "
-                  "not answering")
+                  f"(/health waited {API_HEALTH_TIMEOUT_S:g} s, on connections the pod "
+                  "accepted)")
+        if verdict == stalls.UNCORROBORATED:
+            with self._lock:
+                told = self._uncorroborated.setdefault((vlmd.namespace, vlmd.name), set())
+                first = uid not in told
+                told.add(uid)
+            if first:
+                log.warning("%s/%s: %s: %s, but the kubelet's readiness probe passes (the pod "
+                            "is Ready): not acted on while the kubelet does not agree",
+                            vlmd.namespace, vlmd.name, name, detail)
+            return
+        if verdict != stalls.UNRESPONSIVE:
+            return
+        detail += (" and the kubelet's readiness probe fails too (Ready=False): the API "
+                   "server's event loop is not answering")
         log.warning("%s/%s: %s unresponsive: %s", vlmd.namespace, vlmd.name, name, detail)
         self._report(vlmd, pod, "api_unresponsive", time.time(), detail)
 

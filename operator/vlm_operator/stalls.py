@@ -8,6 +8,12 @@ still mean idle or stuck, and a canary, the smallest completion, tells which: it
 canary_timeout_s before stall_s without progress run out, and no answer by then is a stall.
 An API server whose event loop is blocked is the other case: its /metrics and then /health
 time out (reported apart, as api_unresponsive).
+
+Unreachable is not unresponsive: only a timeout on a connection the pod accepted is evidence
+(podhttp.py). A connection that cannot be made (a NetworkPolicy dropping or rejecting the
+operator's traffic, a server not listening) says nothing about the engine; a canary that could
+not connect is unknown, and an API server is called unresponsive only when the kubelet agrees
+(its readiness probe fails too: the pod is not Ready).
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from vlm_operator.status import Report
 PROGRESS_METRICS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
                     "vllm:request_success_total")
 FRESH_S = 5.0  # a reading older than this says nothing about now
-ANSWERED, TIMED_OUT, REFUSED, FAILED = "answered", "timeout", "refused", "error"
-UNAUTHORIZED = "unauthorized"  # an API key guards /v1 (--api-key, VLLM_API_KEY)
+ANSWERED, TIMED_OUT = "answered", "timeout"  # scrape.ANSWERED, podhttp.TIMEOUT
+UNAUTHORIZED = "unauthorized"  # scrape.UNAUTHORIZED: an API key guards /v1
 OK, STALLED, UNKNOWN = "ok", "stalled", "unknown"
+UNRESPONSIVE, UNCORROBORATED = "unresponsive", "uncorroborated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +68,12 @@ def canary_due(p: Progress | None, now: float, stall_s: float, canary_timeout_s:
 
 
 def after_canary(p: Progress, result: str, sent_at: float, now: float) -> tuple[Progress, str]:
-    """The verdict on a canary sent at sent_at: answered -> ok (idle, not stuck); timed out with
-    no progress since it was sent -> stalled; refused or an HTTP error -> unknown (no server, or
-    a dead engine: the probes and engine-death detection cover those, not this); refused for
-    want of an API key -> unknown, and no canary is sent to this container again."""
+    """The verdict on a canary sent at sent_at: answered -> ok (idle, not stuck); timed out on a
+    connection the pod accepted, with no progress since it was sent -> stalled; anything else
+    -> unknown: a connection that could not be made (unreachable: no server, or a network
+    policy), an HTTP error (a dead engine: the probes and engine-death detection cover it) or
+    an answer outside the operator's limits; refused for want of an API key (HTTP 401/403)
+    -> unknown, and no canary is sent to this container again."""
     if result == ANSWERED:
         return replace(p, moved_at=max(p.moved_at, now)), OK
     if result == TIMED_OUT:
@@ -86,11 +95,37 @@ def stall_detail(p: Progress, now: float, canary_timeout_s: float, request_id: s
 
 
 def after_health(p: Progress, metrics_timed_out: bool, health: str | None) -> Progress:
-    """Count checks where /metrics timed out and /health then timed out too; anything that
-    answers (a slow /metrics but a live /health: a busy server) starts the count again."""
+    """Count checks where /metrics timed out and /health then timed out too, both on connections
+    the pod accepted; anything else starts the count again: a /health that answers (a slow
+    /metrics but a live server: busy) or one that could not connect (unreachable)."""
     if metrics_timed_out and health == TIMED_OUT:
         return replace(p, timeouts=p.timeouts + 1)
     return replace(p, timeouts=0)
+
+
+def ready(pod: dict) -> bool:
+    """The kubelet's view: the pod's Ready condition is True (its readiness probe passes), for a
+    pod not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def not_ready(pod: dict) -> bool:
+    """The kubelet's view: the pod's Ready condition is False (its readiness probe fails), for
+    a pod not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "False"
+        for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def api_verdict(p: Progress, needed: int, kubelet_not_ready: bool) -> str | None:
+    """After a /health check: UNRESPONSIVE when /metrics and /health both timed out in `needed`
+    checks in a row and the kubelet agrees (the pod is not Ready); UNCORROBORATED when they did
+    but the kubelet's probes pass (only the operator sees it: not acted on); None before."""
+    if p.timeouts < needed:
+        return None
+    return UNRESPONSIVE if kubelet_not_ready else UNCORROBORATED
 
 
 # ---------------------------------------------------------------- the engine heartbeat

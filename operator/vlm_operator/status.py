@@ -116,7 +116,8 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
     conditions = set_condition(conditions, "Ready", *ready_c, now, generation)
     conditions = set_condition(conditions, "Progressing", *progress_c, now, generation)
 
-    apply_failed = next((r for r in reports if r.reason == "ApplyFailed"), None)
+    apply_failed = next((r for r in reports if r.reason in ("ApplyFailed", "ObjectNotOwned")),
+                        None)
     if apply_failed:
         degraded_c = ("True", apply_failed.reason, apply_failed.message)
     elif crashing:
@@ -160,7 +161,11 @@ _NOTABLE = [
     ("Degraded", "True", None, "Warning"),
     ("Progressing", "False", "RolloutComplete", "Normal"),
     ("Progressing", "False", "ProgressDeadlineExceeded", "Warning"),
+    ("PodsReachable", "False", None, "Warning"),
+    ("PodsReadable", "False", None, "Warning"),
 ]
+# Conditions whose return to True is worth a Normal Event (its reason and message) too.
+_RECOVERED = ("PodsReachable", "PodsReadable")
 
 
 def get_events(old: dict | None, new: dict) -> list[Event]:
@@ -178,4 +183,8 @@ def get_events(old: dict | None, new: dict) -> list[Event]:
     was, now = get_condition(old, "SpecValid"), get_condition(new, "SpecValid")
     if was and was.get("status") == "False" and now and now.get("status") == "True":
         events.append(Event("Normal", "SpecFixed", "the spec is valid again"))
+    for type_ in _RECOVERED:
+        was, now = get_condition(old, type_), get_condition(new, type_)
+        if was and was.get("status") == "False" and now and now.get("status") == "True":
+            events.append(Event("Normal", now["reason"], now.get("message", "")))
     return events

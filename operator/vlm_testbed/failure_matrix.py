@@ -31,7 +31,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from vlm_operator import builders, crd
+from vlm_testbed import vllmsim
 from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.firewall import OPERATOR_GID, Firewall
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -121,6 +123,8 @@ class Bed:
         self._stack = contextlib.ExitStack()
         self.operators: list[OperatorProcess] = []
         self.limit_s = 150.0  # how long `follow` waits for recovery by default
+        # the operator watching this namespace, where its caller knows it (its metrics)
+        self.watcher: OperatorProcess | None = None
 
     @classmethod
     @contextlib.contextmanager
@@ -134,8 +138,20 @@ class Bed:
                 yield bed
         finally:
             if create_namespace:
-                with contextlib.suppress(ApiException):
-                    client.CoreV1Api(api).delete_namespace(namespace)
+                bed._delete_namespace(namespace)
+
+    def tenant(self, suffix: str) -> Bed:
+        """A bed on another namespace (`<ns>-<suffix>`, watched like this one), for rows with
+        two tenants; deleted with this bed, served by this bed's nodes."""
+        other = Bed(self.api, self.kubeconfig, f"{self.ns}-{suffix}")
+        ready_namespace(self.api, other.ns)
+        other.watcher = self.watcher
+        self._stack.callback(self._delete_namespace, other.ns)
+        return other
+
+    def _delete_namespace(self, namespace: str) -> None:
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespace(namespace)
 
     # -- the node and operator side
     def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n") -> NodeSimulator:
@@ -145,7 +161,8 @@ class Bed:
 
     def operator(self, *args: str) -> OperatorProcess:
         """An operator process of this bed's own (standalone unless args say otherwise)."""
-        proc = OperatorProcess(self.kubeconfig, *(args or ("--standalone",)), "-n", self.ns)
+        proc = OperatorProcess(self.kubeconfig, *(args or ("--standalone",)), "-n", self.ns,
+                               gid=OPERATOR_GID)
         self._stack.callback(self._stop_operator, proc)
         self.operators.append(proc.start())
         return proc
@@ -196,6 +213,14 @@ class Bed:
                     return last
             time.sleep(POLL_S)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last {last!r}")
+
+    def holds(self, check: Callable[[], Any], timeout: float) -> bool:
+        """Whether check() comes true within timeout (polled; never raises on time out)."""
+        try:
+            self.wait("a condition", check, timeout)
+        except AssertionError:
+            return False
+        return True
 
     def wait_ready(self, name: str, n: int) -> list[Any]:
         """n ready pods that answer /health, none of them about to go."""
@@ -420,8 +445,9 @@ def operator_killed_stale_incident(bed: Bed, health: dict | None) -> Observed:
     time.sleep(11)
     bed.nodes(gpus_per_node=1, tag="extra")
     op = bed.operator()
-    bed.wait("the log replayed", lambda: _metric(
-        op.metrics(), "vlm_operator_detections_total", "tokenizer_retry") >= 8, timeout=30)
+    bed.wait("the log replayed", lambda: metric(
+        op.metrics(), "vlm_operator_detections_total", signature="tokenizer_retry") >= 8,
+        timeout=30)
     seen = bed.follow("row", 1, set(), time.time(), until=lambda: False, timeout=8, settle=0)
     seen.notes["remediating"] = bed.condition("row", "Remediating")
     seen.notes["pod_kept"] = pod.metadata.uid in {p.metadata.uid for p in bed.pods("row")}
@@ -495,6 +521,165 @@ def two_at_once(bed: Bed, health: dict | None) -> Observed:
     return seen
 
 
+UNREACHABLE_WINDOW_S = 30.0  # an api_unresponsive verdict on connect timeouts took about 20 s
+
+
+def unreachable(mode: str):
+    """The operator's traffic to the only replica is dropped (mode "drop": its connects time
+    out, as behind a default-deny NetworkPolicy) or rejected ("reject": refused, as some CNIs
+    do) while the kubelet's probes still reach it: reported (PodsReachable=False, an Event,
+    metrics), nothing done to the pod; reachable again once the firewall lifts."""
+    def run(bed: Bed, health: dict | None) -> Observed:
+        bed.nodes(gpus_per_node=2)
+        bed.create("row", replicas=1, health=health)
+        (pod,) = bed.wait_ready("row", 1)
+        with Firewall() as firewall:
+            getattr(firewall, mode)(pod.status.pod_ip)
+            seen = bed.follow("row", 1, set(), time.time(), until=lambda: False,
+                              timeout=UNREACHABLE_WINDOW_S, settle=0)
+            seen.notes.update(pod=pod.metadata.name,
+                              condition=bed.condition("row", "PodsReachable"),
+                              **_read_metrics(bed, "row", "unreachable"))
+        seen.notes["reachable_again"] = bed.holds(lambda: bed.condition(
+            "row", "PodsReachable").get("status") == "True", timeout=30)
+        seen.notes["events_after"] = dict(bed.events("row"))
+        return seen
+    return run
+
+
+# Hostile modes of the stand-in a hostile tenant's pods serve (vllmsim), by VLMDeployment;
+# `target`: where redirects point (a recording server: nobody may come).
+HOSTILE_MODES = {
+    "redirect": lambda target: {"fault": "redirect", "to": target},
+    "huge": lambda target: {"fault": "huge_metrics", "bytes": 100_000_000},
+    "drip": lambda target: {"fault": "drip_headers", "interval": 0.5, "lines": 8},
+}
+# Faults every hostile pod gets on top of its HTTP mode: the place for log floods (the
+# stand-in's log modes), so the row covers what a tenant's pods log as well as what they serve.
+HOSTILE_LOG_FAULTS: list[dict] = []
+
+
+def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
+    """One tenant's pods (another namespace, 2 replicas per mode) answer the operator as an
+    attacker would: redirects to another address, 100 MB /metrics pages, headers drip-fed a
+    line every 0.5 s (HOSTILE_MODES, HOSTILE_LOG_FAULTS). Meanwhile this tenant's only replica
+    has its engine die: acted on as usual. Notes: the operator's peak RSS and CPU during the
+    row (from its own process metrics), the requests the redirects' target got, and what the
+    hostile VLMDeployments' status and metrics say."""
+    bed.nodes(gpus_per_node=2 * len(HOSTILE_MODES) + 2)
+    hostile = bed.tenant("h")
+    target = vllmsim.RecordingServer()
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    bed._stack.callback(target.server_close)
+    bed._stack.callback(target.shutdown)
+    for mode in HOSTILE_MODES:
+        hostile.create(mode, replicas=2, health=health)
+    bed.create("row", replicas=1, health=health)
+    pods = {mode: hostile.wait_ready(mode, 2) for mode in HOSTILE_MODES}
+    (victim,) = bed.wait_ready("row", 1)
+    usage = Usage(bed.watcher).start()
+    for mode, mode_pods in pods.items():
+        for pod in mode_pods:
+            hostile.fault(pod, [HOSTILE_MODES[mode](target.url), *HOSTILE_LOG_FAULTS])
+    before = {mode: hostile.snapshot(mode) for mode in HOSTILE_MODES}
+    hostile.holds(lambda: all(hostile.condition(mode, "PodsReadable").get("status") == "False"
+                              for mode in HOSTILE_MODES), timeout=60)  # reported (asserted)
+    start = time.time()
+    bed.fault(victim, {"fault": "engine_dead", "exit_code": 0, "exit_delay": 5})
+    seen = bed.follow("row", 1, {instance(victim)}, start)
+    seen.notes.update(usage.stop())
+    seen.notes["redirect_target_requests"] = list(target.requests)
+    seen.notes["hostile"] = {mode: {
+        "readable": hostile.condition(mode, "PodsReadable"),
+        "touched": sorted(uid for uid, inst in before[mode].items()
+                          if hostile.snapshot(mode).get(uid) != inst),
+        "events": dict(hostile.events(mode)),
+        **_read_metrics(hostile, mode, {"redirect": "redirect", "huge": "too_large",
+                                        "drip": "timeout"}[mode])} for mode in HOSTILE_MODES}
+    return seen
+
+
+def _read_metrics(bed: Bed, name: str, kind: str) -> dict:
+    """The operator's read-error count of `kind` and unreachable-pod gauge for a VLMDeployment
+    (None without a known operator)."""
+    if bed.watcher is None:
+        return {"read_errors": None, "pods_unreachable": None}
+    text = bed.watcher.metrics()
+    labels = {"vlmdeployment_namespace": bed.ns, "vlmdeployment": name}
+    return {"read_errors": metric(text, "vlm_operator_pod_read_errors_total", kind=kind,
+                                  **labels),
+            "pods_unreachable": metric(text, "vlm_operator_pods_unreachable", **labels)}
+
+
+class Usage:
+    """The operator's RSS and CPU while a row runs, from its own process metrics
+    (process_resident_memory_bytes, process_cpu_seconds_total), sampled every SAMPLE_S."""
+
+    SAMPLE_S = 0.5
+
+    def __init__(self, proc: OperatorProcess | None) -> None:
+        self.proc = proc
+        self.samples: list[tuple[float, float, float]] = []  # (time, RSS MiB, CPU seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="usage")
+
+    def start(self) -> Usage:
+        if self.proc is not None:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.SAMPLE_S):
+            with contextlib.suppress(OSError):
+                text = self.proc.metrics()
+                self.samples.append((time.monotonic(),
+                                     metric(text, "process_resident_memory_bytes") / 2**20,
+                                     metric(text, "process_cpu_seconds_total")))
+
+    def stop(self) -> dict:
+        """peak_rss_mib, cpu_percent (mean over the row), cpu_percent_peak (over any 2 s)."""
+        self._stop.set()
+        if self.proc is not None:
+            self._thread.join(5)
+        if len(self.samples) < 2:
+            return {"peak_rss_mib": None, "cpu_percent": None, "cpu_percent_peak": None}
+        (t0, _, c0), (t1, _, c1) = self.samples[0], self.samples[-1]
+        window = max(1, round(2.0 / self.SAMPLE_S))
+        peaks = [(b[2] - a[2]) / (b[0] - a[0]) for a, b in zip(
+            self.samples, self.samples[window:], strict=False) if b[0] > a[0]]
+        return {"peak_rss_mib": round(max(s[1] for s in self.samples), 1),
+                "cpu_percent": round(100 * (c1 - c0) / (t1 - t0), 1),
+                "cpu_percent_peak": round(100 * max(peaks, default=0.0), 1)}
+
+
+def existing_service(bed: Bed, health: dict | None) -> Observed:
+    """Another app's Service already has the VLMDeployment's name: it is never changed (no
+    selector rewritten, no owner added) nor deleted with the VLMDeployment; the VLMDeployment
+    still serves through its Deployment and says why it has no Service of its own."""
+    bed.nodes(gpus_per_node=1)
+    theirs = bed.core.create_namespaced_service(bed.ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "row"},
+        "spec": {"selector": {"app": "their-app"},
+                 "ports": [{"name": "http", "port": builders.PORT, "targetPort": builders.PORT}]}})
+    start = time.time()
+    bed.create("row", replicas=1, health=health)
+    seen = bed.follow("row", 1, set(), start)
+    degraded = bed.wait("Degraded", lambda: (c := bed.condition("row", "Degraded"))
+                        and c.get("status") == "True" and c)
+    seen.notes["degraded"] = {k: degraded.get(k) for k in ("reason", "message")}
+    bed.custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, bed.ns, crd.PLURAL, "row")
+    apps = client.AppsV1Api(bed.api)
+    bed.wait("the Deployment collected", lambda: not apps.list_namespaced_deployment(
+        bed.ns).items)
+    after = bed.core.read_namespaced_service("row", bed.ns)
+    seen.notes["service_kept"] = (after.metadata.uid == theirs.metadata.uid
+                                  and after.metadata.resource_version
+                                  == theirs.metadata.resource_version)
+    seen.notes["service_owners"] = [r.kind for r in after.metadata.owner_references or []]
+    seen.notes["service_selector"] = after.spec.selector
+    return seen
+
+
 # The shortest stall detection the CRD allows, for rows that must outlast it.
 FAST_STALL = {"engineStalled": {"stallSeconds": 10, "canaryTimeoutSeconds": 4}}
 LONG_PROMPT_TOKENS = 40960  # a long multimodal prompt: 20 chunks of vLLM's 2048-token budget
@@ -552,10 +737,11 @@ def hung_behind_api_key(bed: Bed, health: dict | None) -> Observed:
     return bed.follow("row", 1, faulted, start)
 
 
-def _metric(text: str, name: str, signature: str) -> float:
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of an operator metric's samples whose labels include these."""
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples
-               if sample.name == name and sample.labels.get("signature") == signature)
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 ROWS = [
@@ -590,6 +776,17 @@ ROWS = [
     Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
         standby_takes_over, probes=False, own_operator=True),
     Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+    Row("existing-service", "another app's Service has the VLMDeployment's name",
+        existing_service, probes=False,
+        must_not="the Service is never changed nor deleted with the VLMDeployment"),
+    Row("unreachable-drop", "the operator's traffic to the only replica dropped (connect "
+        "timeouts; the kubelet's probes pass)", unreachable("drop"), probes=False,
+        must_not="nothing done to the pod; PodsReachable=False, an Event, metrics"),
+    Row("unreachable-reject", "the operator's connections to the only replica refused (the "
+        "kubelet's probes pass)", unreachable("reject"), probes=False,
+        must_not="nothing done to the pod; PodsReachable=False, an Event, metrics"),
+    Row("hostile-tenant", "another tenant's pods serve redirects, 100 MB /metrics and "
+        "drip-fed headers while the only replica's engine dies (exits 0)", hostile_tenant),
     Row("long-prefill-only-replica", "long prefill on the only replica: counters still for 2 "
         "x stallSeconds (10 s)", long_prefill_only_replica, probes=False,
         must_not="no restart; the prompt completes"),

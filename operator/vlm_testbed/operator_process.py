@@ -14,10 +14,13 @@ from vlm_testbed.controlplane import free_port
 
 
 class OperatorProcess:
-    """`vlm-operator run` against a kubeconfig, with its log in a file and ports of its own."""
+    """`vlm-operator run` against a kubeconfig, with its log in a file and ports of its own.
+    `gid`: run it in that group (setpriv; root keeps its user id), so a firewall.Firewall can
+    tell its traffic apart."""
 
     def __init__(self, kubeconfig: str | os.PathLike, *extra_args: str,
-                 log_path: str | os.PathLike | None = None, env: dict | None = None):
+                 log_path: str | os.PathLike | None = None, env: dict | None = None,
+                 gid: int | None = None):
         self.kubeconfig = str(kubeconfig)
         self.extra_args = list(extra_args)
         self.liveness_port = free_port()
@@ -25,12 +28,15 @@ class OperatorProcess:
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="vlm-operator-",
                                                           suffix=".log")[1])
         self.env = env
+        self.gid = gid
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True, timeout: float = 60) -> OperatorProcess:
         args = [sys.executable, "-m", "vlm_operator.cli", "run", "--kubeconfig", self.kubeconfig,
                 "--liveness-port", str(self.liveness_port),
                 "--metrics-port", str(self.metrics_port), *self.extra_args]
+        if self.gid is not None:  # setpriv execs the operator: the pid stays the operator's
+            args = ["setpriv", f"--regid={self.gid}", "--keep-groups", *args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, "KUBECONFIG": self.kubeconfig,

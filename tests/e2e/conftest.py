@@ -130,12 +130,16 @@ def api(cluster: Cluster) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, api: Any) -> Iterator[Any]:
-    """One operator process for the session, watching only namespaces named e2e-op-*."""
-    from kube_helpers import SESSION_NS_PREFIX
+    """One operator process for the session, watching only namespaces named e2e-op-*; in the
+    firewall's group where it can be (root), so tests can cut it off from a pod."""
+    from kube_helpers import SESSION_KEDA_PROMETHEUS, SESSION_NS_PREFIX
 
+    from vlm_testbed.firewall import OPERATOR_GID
     from vlm_testbed.operator_process import OperatorProcess
 
-    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*")
+    proc = OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{SESSION_NS_PREFIX}*",
+                           "--keda-prometheus-address", SESSION_KEDA_PROMETHEUS,
+                           gid=OPERATOR_GID if os.geteuid() == 0 else None)
     with proc:
         yield proc
     print(proc.log()[-3000:])

@@ -15,6 +15,7 @@ from vlm_operator import builders, crd
 from vlm_testbed.controlplane import ready_namespace
 
 SESSION_NS_PREFIX = "e2e-op-"
+SESSION_KEDA_PROMETHEUS = "http://prometheus:9090"  # the session operator's admin setting
 
 
 def wait_for(what, fn, timeout=60.0, interval=0.25):

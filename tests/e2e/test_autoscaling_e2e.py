@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 from kube_helpers import (
+    SESSION_KEDA_PROMETHEUS,
     condition,
     cr,
     create,
@@ -138,9 +139,18 @@ def test_hpa_and_keda_children(api, ns):
     assert h["spec"]["maxReplicas"] == 4
     assert h["metadata"]["ownerReferences"][0]["name"] == "as-h"
 
-    # KEDA mode without KEDA: the HPA goes, a condition says why nothing replaces it
+    # a Prometheus of the tenant's choosing is refused: KEDA would query it from its own
+    # network position; nothing changes meanwhile
     patch_cr(api, ns, "as-h", {"autoscaling": {
-        "mode": "KEDA", "prometheus": {"serverAddress": "http://prometheus:9090"}}})
+        "mode": "KEDA", "prometheus": {"serverAddress": "http://169.254.169.254/latest"}}})
+    refused = wait_for("refused", lambda: (c := condition(get_cr(api, ns, "as-h"), "SpecValid"))
+                       and c["status"] == "False" and c)
+    assert refused["message"].startswith("spec.autoscaling.prometheus.serverAddress: "
+                                         "'http://169.254.169.254/latest' is not a Prometheus")
+    assert hpa(api, ns, "as-h")
+    # KEDA mode without KEDA: the HPA goes, a condition says why nothing replaces it; the
+    # Prometheus is the one the admin configured (conftest: the session operator's flag)
+    patch_cr(api, ns, "as-h", {"autoscaling": {"prometheus": {"serverAddress": None}}})
     obj = wait_for("KEDANotInstalled", lambda: (o := get_cr(api, ns, "as-h")) and
                    (c := condition(o, "AutoscalerReady")) and c["reason"] == "KEDANotInstalled"
                    and o)
@@ -159,10 +169,11 @@ def test_hpa_and_keda_children(api, ns):
             return scaled_object(api, ns, "as-h")
         so = wait_for("ScaledObject", created, timeout=60, interval=2)
         assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
-        trigger = so["spec"]["triggers"][0]
-        assert trigger["type"] == "prometheus"
-        assert trigger["metadata"]["serverAddress"] == "http://prometheus:9090"
+        trigger, kv = so["spec"]["triggers"]
+        assert trigger["type"] == kv["type"] == "prometheus"
+        assert trigger["metadata"]["serverAddress"] == SESSION_KEDA_PROMETHEUS
         assert trigger["metadata"]["query"].startswith("sum(vllm:num_requests_waiting{")
+        assert kv["metadata"]["query"].startswith("sum(vllm:kv_cache_usage_perc{")
         wait_for("AutoscalerReady=True", lambda: (c := condition(
             get_cr(api, ns, "as-h"), "AutoscalerReady")) and c["status"] == "True")
         patch_cr(api, ns, "as-h", {"autoscaling": {"enabled": False}})
@@ -218,3 +229,21 @@ def test_the_same_queue_scales_further_when_requests_carry_images(api, ns, clust
         # status.autoscaling is written just after the replicas: wait for that round's record
         wait_for("the ScaleUp decision in status", lambda: get_cr(api, ns, "as-mm")["status"][
             "autoscaling"]["reason"].startswith("ScaleUp"), timeout=5, interval=0.05)
+
+
+def test_series_go_with_their_vlmdeployment(api, ns, operator):
+    """Per-VLMDeployment series of the operator's /metrics are removed when the VLMDeployment
+    is deleted: with objects that come and go they would otherwise pile up for ever."""
+    from kube_helpers import delete_cr
+
+    def series():
+        return [line for line in operator.metrics().splitlines()
+                if f'vlmdeployment_namespace="{ns}"' in line and not line.startswith("#")]
+
+    create(api, ns, cr("as-gone", autoscaling=scaling()))  # no node: its pod stays Pending
+    wait_for("its autoscaler series", lambda: any(
+        "vlm_operator_autoscaler_desired_replicas" in line for line in series()), timeout=30)
+    delete_cr(api, ns, "as-gone")
+    wait_for("no series left", lambda: not series(), timeout=30)
+    time.sleep(3)  # a round still running when it went writes nothing back
+    assert series() == []

@@ -9,8 +9,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import yaml
 from kube_helpers import SESSION_NS_PREFIX
 
+from vlm_testbed.chart import CHART
 from vlm_testbed.failure_matrix import ROWS, Bed, Observed
 
 
@@ -111,6 +113,55 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def existing_service(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
+    assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
+    assert "Service row" in seen.notes["degraded"]["message"]
+    assert seen.events["ObjectNotOwned"] == 1
+    assert seen.notes["service_kept"], "the other app's Service was changed"
+    assert seen.notes["service_owners"] == []
+    assert seen.notes["service_selector"] == {"app": "their-app"}
+
+
+def unreachable(detail):
+    """Nothing done to the pod; status, an Event and the metrics say why it is not read."""
+    def check(seen: Observed) -> None:
+        assert seen.touched == [] and seen.lowest_ready == 1, "the pod was touched"
+        assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
+                    "RemediationSkipped"} & set(seen.events), seen.events
+        assert seen.notes["last_remediation"] is None
+        condition = seen.notes["condition"]
+        assert (condition["status"], condition["reason"]) == ("False", "PodsUnreachable")
+        assert f"{seen.notes['pod']} ({detail}" in condition["message"], condition
+        assert seen.events["PodsUnreachable"] == 1, seen.events
+        assert seen.notes["pods_unreachable"] == 1 and seen.notes["read_errors"] >= 3
+        assert seen.notes["reachable_again"], "still unreachable once the firewall lifted"
+        assert seen.notes["events_after"].get("PodsReachable") == 1, "no Event when it cleared"
+    return check
+
+
+def memory_limit_mib() -> float:
+    """The operator's memory limit in the chart's values (a Mi quantity)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    limit = values["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi"), limit
+    return float(limit[:-2])
+
+
+def hostile_tenant(seen: Observed) -> None:
+    dead(1)(seen)  # the other tenant's engine death, acted on as usual
+    assert seen.notes["redirect_target_requests"] == [], "a redirect was followed"
+    assert seen.notes["peak_rss_mib"] < memory_limit_mib(), seen.notes
+    reasons = {"redirect": "RedirectRefused", "huge": "AnswerTooLarge", "drip": "ReadTimeout"}
+    for mode, hostile in seen.notes["hostile"].items():
+        assert hostile["touched"] == [], f"{mode}: a hostile pod was acted on"
+        assert (hostile["readable"]["status"], hostile["readable"]["reason"]) == (
+            "False", reasons[mode]), hostile["readable"]
+        assert hostile["read_errors"] >= 2, hostile
+        assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted"} & set(
+            hostile["events"]), hostile["events"]
+
+
 def long_prefill(seen: Observed) -> None:
     assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
                 "RemediationSkipped"} & set(seen.events), seen.events
@@ -137,7 +188,11 @@ CHECKS = {
     "crash-loop-budget": crash_loop, "operator-killed-mid-incident": killed_mid_incident,
     "operator-killed-stale-incident": killed_stale,
     "operator-killed-mid-drain": killed_mid_drain, "standby-takes-over": standby,
-    "two-vlmds-at-once": two_at_once, "long-prefill-only-replica": long_prefill,
+    "two-vlmds-at-once": two_at_once, "existing-service": existing_service,
+    "unreachable-drop": unreachable("connect timed out"),
+    "unreachable-reject": unreachable("connection refused"),
+    "hostile-tenant": hostile_tenant,
+    "long-prefill-only-replica": long_prefill,
     "hung-engine-api-key": hung_api_key,
 }
 
@@ -151,6 +206,7 @@ def test_failure_mode(row, api, cluster, operator):
     # rows with operators of their own stay out of the session operator's namespaces
     prefix = "e2e-solo-" if row.own_operator else SESSION_NS_PREFIX
     with Bed.new(api, cluster.kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}") as bed:
+        bed.watcher = None if row.own_operator else operator
         try:
             seen = row.run(bed, None)
         except BaseException:

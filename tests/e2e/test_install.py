@@ -83,6 +83,13 @@ def assert_matrix(cluster, who: str, allowed: list[tuple], denied: list[tuple]) 
     assert wrong == []
 
 
+def policy_args(args: list[str]) -> list[str]:
+    """The chart's policy arguments of the operator (what it serves and refuses): an operator
+    run here under the chart's RBAC runs with them, as the chart's Deployment does."""
+    return [a for a in args if a.startswith(("--allowed-", "--secret-label", "--deny-code",
+                                             "--autoscaling-mode", "--keda-prometheus"))]
+
+
 def create_example(api, namespace: str) -> dict:
     body = yaml.safe_load(EXAMPLE.read_text())
     return client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -213,7 +220,7 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("get", "pods/log", watched),
             ("create", "events", watched),
             ("patch", "kopfpeerings.kopf.dev", watched),
-            ("delete", "horizontalpodautoscalers.autoscaling", watched),  # unwanted ones
+            ("get", "replicasets.apps", watched),  # a pod's owner chain
             ("list", "nodes", None),
             ("list", "pods", other),  # rbac.gpuCapacity: GPUs requested anywhere are not free
             ("list", "priorityclasses.scheduling.k8s.io", None),
@@ -242,13 +249,18 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("impersonate", "serviceaccounts", watched),
             ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
             ("patch", "clusterkopfpeerings.kopf.dev", None),
-            ("create", "horizontalpodautoscalers.autoscaling", watched),  # rbac.hpa off
-            ("create", "scaledobjects.keda.sh", watched),  # rbac.keda off
+            # rbac.hpa and rbac.keda off: those modes are refused, nothing on their objects
+            ("create", "horizontalpodautoscalers.autoscaling", watched),
+            ("delete", "horizontalpodautoscalers.autoscaling", watched),
+            ("get", "horizontalpodautoscalers.autoscaling", watched),
+            ("create", "scaledobjects.keda.sh", watched),
+            ("delete", "scaledobjects.keda.sh", watched),
+            ("patch", "replicasets.apps", watched),
         ])
 
         kubeconfig = sa_kubeconfig(api, cluster.kubeconfig, system, sa, tmp_path / "sa.kubecfg")
-        with OperatorProcess(kubeconfig, "-n", watched, "--peering", "vlm-operator") as proc, \
-                log_on_failure(proc):
+        with OperatorProcess(kubeconfig, "-n", watched, "--peering", "vlm-operator",
+                             *policy_args(args)) as proc, log_on_failure(proc):
             name = create_example(api, watched)["metadata"]["name"]
             assert_reconciled(api, watched, name)
             # The test bed enforces owner-reference permissions (as OpenShift does).
@@ -332,13 +344,15 @@ def test_chart_policy_is_enforced_by_the_operator(cluster, api, helm, tmp_path):
         sa = f"{release}-vlm-operator"
         args = client.AppsV1Api(api).read_namespaced_deployment(sa, system).spec.template.spec \
             .containers[0].args
-        policy_args = [a for a in args if a.startswith(("--allowed-", "--secret-label"))]
-        assert len(policy_args) == 3
+        chart_args = policy_args(args)
+        assert [a for a in chart_args if not a.startswith("--autoscaling-mode")] == [
+            "--allowed-image-prefix=vllm/vllm-openai", "--allowed-priority-class=gpu-online",
+            f"--secret-label={REFERABLE}=true"]
         for name, labels in (("hf-labelled", {REFERABLE: "true"}), ("hf-plain", {})):
             core.create_namespaced_secret(watched, {"metadata": {"name": name, "labels": labels},
                                                     "stringData": {"token": "t"}})
         kubeconfig = sa_kubeconfig(api, cluster.kubeconfig, system, sa, tmp_path / "sa.kubecfg")
-        with OperatorProcess(kubeconfig, "-n", watched, "--standalone", *policy_args) as proc, \
+        with OperatorProcess(kubeconfig, "-n", watched, "--standalone", *chart_args) as proc, \
                 log_on_failure(proc):
             create(api, watched, cr("ok", hfTokenSecretRef={"name": "hf-labelled"}))
             create(api, watched, cr("bad-image", image="evil.example/vllm:v0.20.2"))
@@ -421,8 +435,11 @@ def test_kubectl_apply_manifests(cluster, api, tmp_path):
         ])
         kubeconfig = sa_kubeconfig(api, cluster.kubeconfig, "vlm-system", "vlm-operator",
                                    tmp_path / "sa.kubecfg")
+        (operator,) = [d for d in docs if d["kind"] == "Deployment"]
+        args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
         # Cluster-wide it would also act on other tests' namespaces: watch only ours.
-        with OperatorProcess(kubeconfig, "-n", watched, "--standalone") as proc, \
+        with OperatorProcess(kubeconfig, "-n", watched, "--standalone",
+                             *policy_args(args)) as proc, \
                 log_on_failure(proc):
             name = create_example(api, watched)["metadata"]["name"]
             assert_reconciled(api, watched, name)

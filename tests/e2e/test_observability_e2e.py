@@ -181,6 +181,7 @@ def alert_expectations(s: Scenario) -> dict[str, tuple[list[dict], str | None]]:
         "VLMDeploymentDegraded": ([s.vlmd], None),
         "VLMEngineUnpatched": ([s.vlmd], None),
         "VLMAutoscalerScrapeErrors": ([s.vlmd], None),
+        "VLMPodsUnreachable": ([], f'vlm_operator_pods_unreachable{{job="{s.job}"}}'),
         "VLMOperatorActionsFailing": ([{"reason": "ApplyFailed"}], None),
     }
 
@@ -294,14 +295,16 @@ def vlmd_in_mode(api, ns: str, **autoscaling):
 
 
 def test_the_keda_query_sums_the_load_of_the_vlmdeployment(api, monitoring, scenario):
-    vlmd = vlmd_in_mode(api, scenario.ns, mode="KEDA",
-                        prometheus={"serverAddress": monitoring.prometheus.url})
-    so = autoscaling_builders.get_scaled_object(vlmd, {"name": NAME})
-    (trigger,) = so["spec"]["triggers"]
-    assert trigger["metadata"]["serverAddress"] == monitoring.prometheus.url
-    query = trigger["metadata"]["query"]
-    result = eventually(monitoring.prometheus, "the KEDA query", query,
+    vlmd = vlmd_in_mode(api, scenario.ns, mode="KEDA")
+    so = autoscaling_builders.get_scaled_object(vlmd, {"name": NAME}, monitoring.prometheus.url)
+    load, kv = so["spec"]["triggers"]
+    assert {t["metadata"]["serverAddress"] for t in (load, kv)} == {monitoring.prometheus.url}
+    result = eventually(monitoring.prometheus, "the KEDA query", load["metadata"]["query"],
                         lambda r: values(r) == [WAITING])
+    assert [r["metric"] for r in result] == [{}]
+    # the second trigger, the KV-cache usage Builtin mode also scales on, reads a value too
+    result = eventually(monitoring.prometheus, "the KEDA KV-cache query", kv["metadata"]["query"],
+                        lambda r: len(values(r)) == 1)
     assert [r["metric"] for r in result] == [{}]
 
 
@@ -310,7 +313,8 @@ def test_the_hpa_metric_through_prometheus_adapter_gives_each_pod_its_load(
     prom = monitoring.prometheus
     vlmd = vlmd_in_mode(api, scenario.ns, mode="HPA")
     hpa = autoscaling_builders.get_hpa(vlmd, {"name": NAME})
-    metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    metric, kv_metric = (m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"])
+    assert kv_metric == "vllm_kv_cache_usage_perc"
     rule = autoscaling_builders.PROMETHEUS_ADAPTER_RULE
     names = [s["__name__"] for s in prom.series(rule["seriesQuery"])]
     pods = [p.metadata.name for p in ready_pods(api, scenario.ns, NAME)]

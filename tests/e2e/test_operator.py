@@ -58,7 +58,7 @@ def test_create_builds_owned_children_and_status(api, ns):
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert obj["status"]["selector"] == (
         "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=alpha,"
-        "app.kubernetes.io/component=engine")
+        "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=vlm-operator")
     assert condition(obj, "SpecValid")["status"] == "True"
     assert condition(obj, "Ready")["status"] == "False"  # no node: pods stay Pending
     created = wait_for("Created events", lambda: len(events(api, ns, "alpha", "Created")) >= 3
@@ -126,6 +126,35 @@ def test_drift_is_restored(api, ns):
     wait_for("deployment restored", lambda: (d := deployment(api, ns, "delta")).spec.replicas == 1
              and container_args(d)[0] == "Qwen/Qwen2-VL-2B-Instruct")
     assert wait_for("DriftRestored events", lambda: events(api, ns, "delta", "DriftRestored"))
+
+
+def test_an_existing_object_of_the_name_is_never_taken_over(api, ns):
+    """Another app's Service with the VLMDeployment's name (port http 8000, its own selector):
+    a forced server-side apply would rewrite its selector and add our controller reference, and
+    the garbage collector would then delete it with the VLMDeployment. It is left as it was,
+    Degraded names it, and the other children are still made."""
+    core = client.CoreV1Api(api)
+    theirs = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "zeta"},
+              "spec": {"selector": {"app": "their-app"},
+                       "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}
+    before = core.create_namespaced_service(ns, theirs)
+    create(api, ns, cr("zeta"))
+    wait_for("deployment", lambda: deployment(api, ns, "zeta"))
+    obj = wait_for("Degraded", lambda: (c := condition(get_cr(api, ns, "zeta"), "Degraded"))
+                   and c["status"] == "True" and c)
+    assert obj["reason"] == "ObjectNotOwned" and "Service zeta" in obj["message"]
+    assert wait_for("Event", lambda: events(api, ns, "zeta", "ObjectNotOwned"))
+    svc = core.read_namespaced_service("zeta", ns)
+    assert svc.spec.selector == {"app": "their-app"}
+    assert svc.metadata.owner_references is None
+    assert svc.metadata.resource_version == before.metadata.resource_version
+    delete_cr(api, ns, "zeta")
+    apps = client.AppsV1Api(api)
+    wait_for("our children gone", lambda: not apps.list_namespaced_deployment(ns).items,
+             timeout=60)
+    svc = core.read_namespaced_service("zeta", ns)
+    assert svc.metadata.uid == before.metadata.uid
+    assert svc.spec.selector == {"app": "their-app"}
 
 
 def test_schema_invalid_is_rejected_by_the_apiserver(api, ns):

@@ -133,11 +133,11 @@ def assert_prometheus_reads_the_real_vllm(api, ns, name, pod, monitoring):
     assert not [s["metric"] for s in series
                 if any(k.startswith("exported_") for k in s["metric"])]
     body = copy.deepcopy(get_cr(api, ns, name))
-    body["spec"]["autoscaling"] = {"enabled": True, "mode": "KEDA",
-                                   "prometheus": {"serverAddress": prom.url}}
-    so = autoscaling_builders.get_scaled_object(parse(body), {"name": name})
-    (keda,) = prom.query(so["spec"]["triggers"][0]["metadata"]["query"])
-    assert keda["metric"] == {}
+    body["spec"]["autoscaling"] = {"enabled": True, "mode": "KEDA"}
+    so = autoscaling_builders.get_scaled_object(parse(body), {"name": name}, prom.url)
+    for trigger in so["spec"]["triggers"]:  # the load, weighed by images; the KV-cache usage
+        (keda,) = prom.query(trigger["metadata"]["query"])
+        assert keda["metric"] == {}
     body["spec"]["autoscaling"]["mode"] = "HPA"
     hpa = autoscaling_builders.get_hpa(parse(body), {"name": name})
     rule = autoscaling_builders.PROMETHEUS_ADAPTER_RULE

@@ -184,3 +184,30 @@ def test_pods_without_the_plugin_line_are_reported_unpatched(api, ns, sim, opera
     warning = wait_for("Warning event", lambda: events(api, ns, "plain", "Unpatched"))
     assert warning[0].type == "Warning"
     assert not pod_gone(api, ns, pod)  # reported, not restarted: an unpatched engine still serves
+
+
+def test_a_look_alike_pod_of_another_app_is_never_touched(api, ns, sim, operator):
+    """A tenant's pod carrying every label of ours (instance, managed-by, in-service) but not
+    made by the operator's Deployment: its engine death is not acted on, it is not scraped or
+    sent a canary, and it does not count in the VLMDeployment's status; the operator's own
+    pod with the same fault is restarted."""
+    create(api, ns, cr("real", health=health()))
+    (ours,) = wait_ready_pods(api, ns, "real", 1)
+    labels = {**builders.get_labels("real"), builders.IN_SERVICE_LABEL: "true"}
+    template = deployment(api, ns, "real").spec.template.spec
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="look-alike", labels=labels), spec=template))
+    alike = wait_for("the look-alike ready", lambda: is_ready(
+        p := core.read_namespaced_pod("look-alike", ns)) and p)
+    sim_post(alike.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 600})
+    sim_post(ours.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 600})
+    wait_for("our pod restarted", lambda: pod_gone(api, ns, ours), timeout=30)
+    time.sleep(3)  # what the operator would have done to the look-alike, it did by now
+    alike_now = core.read_namespaced_pod("look-alike", ns)
+    assert alike_now.metadata.deletion_timestamp is None
+    assert alike_now.metadata.uid == alike.metadata.uid
+    assert alike_now.metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+    assert [e.reason for e in events(api, ns, "look-alike")
+            if e.source.component == "vlm-operator"] == []
+    assert "look-alike" not in operator.log()

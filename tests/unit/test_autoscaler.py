@@ -2,6 +2,8 @@
 VLMDeployment older than the autoscaler's own last write is read afresh instead of acted on
 again, and a running pod that is not Ready is never taken for an idle, loading one."""
 
+import pytest
+
 from vlm_operator import autoscaling as a
 from vlm_operator.autoscaler import Autoscaler, _pod_state
 from vlm_operator.scrape import Scrape
@@ -85,6 +87,18 @@ def test_a_running_pod_that_is_not_ready_is_read_not_loading():
     scaler.tick(kube.body, [pod("a"), pod("busy", ready=False, draining_since=900.0)],
                 {"a": IDLE, "busy": Scrape(error="timeout")})
     assert ("delete", "busy") not in kube.calls
+
+
+@pytest.mark.parametrize("error", ["unreachable", "timeout", "too_large", "redirect",
+                                   "bad_answer", "http_error", "busy"])
+def test_a_draining_pod_that_cannot_be_read_is_never_drained(error):
+    """Whatever kept its /metrics from being read (a refused or dropped connection, an answer
+    outside the operator's limits, no worker free this round), its load is unknown, not 0."""
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler.tick(kube.body, [pod("a"), pod("b", draining_since=990.0)],
+                {"a": IDLE, "b": Scrape(error=error)})
+    assert ("delete", "b") not in kube.calls
 
 
 def test_failing_pods_are_asked_once_a_round_and_picked_first():

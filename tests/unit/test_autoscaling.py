@@ -370,9 +370,13 @@ def test_hpa_targets_the_vlmdeployment_on_a_pods_metric():
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "serving.vlm-operator.dev/v1alpha1",
                                              "kind": "VLMDeployment", "name": "demo"}
     assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 4
-    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
-        "metric": {"name": "vllm_num_requests_waiting"},
-        "target": {"type": "AverageValue", "averageValue": "2500m"}}}]
+    # the configured metric and, like Builtin mode, the KV-cache usage: the HPA acts on the
+    # larger recommendation, so replicas busy without a queue are not scaled away
+    assert hpa["spec"]["metrics"] == [
+        {"type": "Pods", "pods": {"metric": {"name": "vllm_num_requests_waiting"},
+                                  "target": {"type": "AverageValue", "averageValue": "2500m"}}},
+        {"type": "Pods", "pods": {"metric": {"name": "vllm_kv_cache_usage_perc"},
+                                  "target": {"type": "AverageValue", "averageValue": "800m"}}}]
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "u1"
     assert builders.get_children(obj)[-1]["apiVersion"] == "autoscaling/v2"
@@ -380,26 +384,43 @@ def test_hpa_targets_the_vlmdeployment_on_a_pods_metric():
         ("keda.sh/v1alpha1", "ScaledObject", "demo")]
 
 
+SELECTOR = '{namespace="team",pod=~"demo-[a-z0-9]+-[a-z0-9]+"}'
+
+
 def test_scaled_object_and_missing_keda():
-    obj = vlmd(enabled=True, mode="KEDA", maxReplicas=3,
-               prometheus={"serverAddress": "http://prom:9090"})
-    so = builders.get_children(obj)[-1]
+    obj = vlmd(enabled=True, mode="KEDA", maxReplicas=3, multimodalWeight=0)
+    so = builders.get_children(obj, prometheus_address="http://prom:9090")[-1]
     assert (so["apiVersion"], so["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
-    (trigger,) = so["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
-    assert trigger["metadata"] == {
-        "serverAddress": "http://prom:9090", "threshold": "5",
-        "query": 'sum(vllm:num_requests_waiting{namespace="team",'
-                 'pod=~"demo-[a-z0-9]+-[a-z0-9]+"})'}
+    load, kv = so["spec"]["triggers"]
+    assert load["type"] == kv["type"] == "prometheus"
+    assert load["metadata"] == {"serverAddress": "http://prom:9090", "threshold": "5",
+                                "query": f"sum(vllm:num_requests_waiting{SELECTOR})"}
+    assert kv["metadata"] == {"serverAddress": "http://prom:9090", "threshold": "0.8",
+                              "query": f"sum(vllm:kv_cache_usage_perc{SELECTOR})"}
     assert [c["kind"] for c in builders.get_children(obj, keda=False)] == [
         "Deployment", "Service", "PodDisruptionBudget"]
+    # no Prometheus known (validation refuses the spec): no ScaledObject pointing nowhere
+    assert builders.get_children(obj)[-1]["kind"] == "PodDisruptionBudget"
     assert ab.get_unwanted(obj, "autoscaling/v2", True) == [
         ("autoscaling/v2", "HorizontalPodAutoscaler", "demo")]
-    custom = vlmd(enabled=True, mode="KEDA",
-                  prometheus={"serverAddress": "http://p", "query": "sum(x)"})
-    assert builders.get_children(custom)[-1]["spec"]["triggers"][0]["metadata"]["query"] == \
-        "sum(x)"
+    query = 'sum(x{namespace="team"})'
+    custom = vlmd(enabled=True, mode="KEDA", prometheus={"query": query})
+    assert builders.get_children(custom, prometheus_address="http://p")[-1]["spec"][
+        "triggers"][0]["metadata"]["query"] == query
+
+
+def test_keda_default_query_weighs_requests_by_their_images():
+    """As Builtin mode does per pod: each request counts 1 + multimodalWeight x the images per
+    finished request, here over the whole VLMDeployment, capped while none finished; a model
+    without multimodal series reads as 0 images, never as no value."""
+    query = ab.default_query(vlmd(enabled=True, mode="KEDA", multimodalWeight=0.5))
+    assert query == (
+        f"sum(vllm:num_requests_waiting{SELECTOR}) * (1 + 0.5 * clamp_max("
+        f"(sum(rate(vllm:mm_cache_queries_total{SELECTOR}[2m])) or vector(0)) / clamp_min("
+        f"(sum(rate(vllm:request_success_total{SELECTOR}[2m])) or vector(0)), 0.001), 32))")
+    from vlm_operator import promql
+    assert promql.namespace_problems(query, "team", "q") == []
 
 
 @pytest.mark.parametrize("scaling", [{}, {"enabled": True}, {"enabled": False, "mode": "HPA"}])
@@ -409,6 +430,8 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
         "Deployment", "Service", "PodDisruptionBudget"]
     assert {k for _, k, _ in ab.get_unwanted(obj, "autoscaling/v2", True)} == {
         "HorizontalPodAutoscaler", "ScaledObject"}
+    # a mode the installation does not serve made nothing, and its RBAC may not read them
+    assert ab.get_unwanted(obj, "autoscaling/v2", True, served=("Builtin",)) == []
 
 
 # ---------------------------------------------------------------- reading a pod's /metrics

@@ -162,9 +162,26 @@ def test_labels_selector_and_scrape_annotations():
     assert template["annotations"] == {"prometheus.io/scrape": "true",
                                        "prometheus.io/port": "8000",
                                        "prometheus.io/path": "/metrics"}
+    # managed-by selects too: other apps' pods labelled like ours are not selected
     assert builders.get_selector("demo") == (
         "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
-        "app.kubernetes.io/component=engine")
+        "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=vlm-operator")
+    assert builders.get_service(vlmd())["spec"]["selector"] == {
+        **labels, builders.IN_SERVICE_LABEL: "true"}
+    assert builders.get_pdb(vlmd())["spec"]["selector"]["matchLabels"] == labels
+
+
+def test_a_deployment_keeps_the_selector_it_was_made_with():
+    """A Deployment's selector is immutable: one made before the selector gained managed-by
+    keeps its own (applying another is refused with 422); a new one gets today's."""
+    dep = builders.get_deployment(vlmd())
+    old = {"spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": "demo"}}}}
+    kept = builders.keep_selector(dep, old)
+    assert kept["spec"]["selector"] == old["spec"]["selector"]
+    assert kept["spec"]["template"] == dep["spec"]["template"]
+    assert builders.keep_selector(dep, None) == dep
+    svc = builders.get_service(vlmd())
+    assert builders.keep_selector(svc, old) == svc
 
 
 def test_security_context_without_privileges():
@@ -210,7 +227,7 @@ def test_service_selects_only_pods_in_service():
 
 
 def test_pdb():
-    pdb = builders.get_pdb(vlmd(health={"minAvailable": 2}))
+    pdb = builders.get_pdb(vlmd(replicas=2, health={"minAvailable": 2}))
     assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"] == builders.get_selector_labels("demo")
@@ -272,3 +289,26 @@ def test_surge_adds_replicas_and_says_so_on_the_deployment():
     stopped = builders.get_deployment(vlmd(replicas=0), surge=1)  # scaled to zero: no surge
     assert stopped["spec"]["replicas"] == 0
     assert "annotations" not in stopped["metadata"]
+
+
+def test_media_urls_are_fetched_only_from_allowed_hosts():
+    """A request's image URL is fetched by the pod from inside the cluster: by default no host
+    is allowed (data: URLs still work), so requests cannot reach cluster-internal services or
+    cloud metadata; listed hosts are allowed without redirects; "*" is vLLM's own default."""
+    def engine(**vllm):
+        obj = vlmd(vllm=vllm)
+        args, env = builders.get_vllm_args(obj), {e["name"]: e.get("value")
+                                                 for e in builders.get_env(obj)}
+        return args, env
+
+    args, env = engine()
+    i = args.index("--allowed-media-domains")
+    assert args[i + 1] == builders.NO_MEDIA_HOST and args[i + 2:i + 3] != [builders.NO_MEDIA_HOST]
+    assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    args, env = engine(allowedMediaDomains=["images.example.com", "cdn.example.com"],
+                       extraArgs=["--enforce-eager"])
+    assert args[-4:] == ["--allowed-media-domains", "images.example.com", "cdn.example.com",
+                         "--enforce-eager"]
+    assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    args, env = engine(allowedMediaDomains=["*"])
+    assert "--allowed-media-domains" not in args and "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in env

@@ -33,6 +33,7 @@ VARIANTS = {
     "standalone": ["--set", "peering.standalone=true"],
     "sharded": ["--set", "shards=3"],
     "sharded-namespaced": ["--set", "shards=2,watchNamespaces={team-a,team-b}"],
+    "network-policy": ["--set", "networkPolicy.enabled=true,watchNamespaces={team-a,team-b}"],
     "policy": ["--set", "watchNamespaces={team-a},policy.allowedImagePrefixes={reg.example/vllm/},"
                         "policy.allowedPriorityClasses={gpu-a,gpu-b},"
                         "policy.secretLabel=vlm-operator.dev/referable=true"],
@@ -230,12 +231,46 @@ def test_helm_test_pod_curls_the_metrics_service(helm):
     ("policy.allowedPriorityClasses={Bad_Class}", "policy.allowedPriorityClasses.0"),
     ("policy.allowImages=true", "policy"),
     ("shards=0", "shards"),
+    ("networkPolicy.namespaces={Team}", "networkPolicy.namespaces.0"),
+    ("networkPolicy.enable=true", "networkPolicy"),
 ])
 def test_schema_rejects_bad_values(helm, bad, field):
     result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad],
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert "schema" in result.stderr and field in result.stderr, result.stderr
+
+
+def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
+    """Off by default; on, one per watched namespace, selecting the pods the operator manages
+    (as builders labels them) and admitting only the operator's pods (as the chart labels
+    them, from the release's namespace) to vLLM's port."""
+    from vlm_operator import builders
+
+    assert not find(template(), "NetworkPolicy")
+    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy")
+    docs = template(*VARIANTS["network-policy"], namespace="ops")
+    policies = find(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    (dep,) = find(docs, "Deployment")
+    operator_labels = dep["spec"]["template"]["metadata"]["labels"]
+    pod_labels = builders.get_labels("any")
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert "app.kubernetes.io/instance" not in spec["podSelector"]["matchLabels"]
+        (rule,) = spec["ingress"]
+        (peer,) = rule["from"]
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "ops"}
+        assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
+        assert rule["ports"] == [{"protocol": "TCP", "port": builders.PORT}]
+    cluster_wide = template("--set", "networkPolicy.enabled=true,networkPolicy.namespaces={x}")
+    assert [p["metadata"]["namespace"] for p in find(cluster_wide, "NetworkPolicy")] == ["x"]
+    refused = subprocess.run([helm, "template", "rel", str(CHART), "--set",
+                              "networkPolicy.enabled=true"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "networkPolicy.namespaces" in refused.stderr
 
 
 def test_chart_crds_match_the_definition():
@@ -356,12 +391,32 @@ def test_autoscaler_objects_writable_only_when_enabled(helm):
         return {r: rule["verbs"] for _, rule in rules_of(docs) for r in rule["resources"]
                 if r in ("horizontalpodautoscalers", "scaledobjects")}
 
-    # A changed spec deletes the autoscaler object it no longer wants, after reading its owner.
-    assert verbs(template()) == {"horizontalpodautoscalers": ["get", "delete"],
-                                     "scaledobjects": ["get", "delete"]}
+    def modes(docs):
+        (dep,) = find(docs, "Deployment")
+        return [a.split("=", 1)[1] for a in dep["spec"]["template"]["spec"]["containers"][0][
+            "args"] if a.startswith("--autoscaling-mode=")]
+
+    # A mode not enabled is refused by the operator, and no permission on its objects is held.
+    assert verbs(template()) == {}
+    assert modes(template()) == ["Builtin"]
+    # An enabled mode: its objects read, written, and deleted when a spec no longer wants them.
     assert verbs(template(*VARIANTS["cluster-hpa-keda"])) == {
-        "horizontalpodautoscalers": ["get", "delete", "create", "patch"],
-        "scaledobjects": ["get", "delete", "create", "patch"]}
+        "horizontalpodautoscalers": ["get", "create", "patch", "delete"],
+        "scaledobjects": ["get", "create", "patch", "delete"]}
+    assert modes(template(*VARIANTS["cluster-hpa-keda"])) == ["Builtin", "HPA", "KEDA"]
+    assert verbs(template("--set", "rbac.keda=true")) == {
+        "scaledobjects": ["get", "create", "patch", "delete"]}
+
+
+def test_peering_objects_only_in_the_mode_that_uses_them(helm):
+    def peering_rules(docs):
+        return {r for _, rule in rules_of(docs) for r in rule["resources"] if "peering" in r}
+
+    assert peering_rules(template()) == {"clusterkopfpeerings"}
+    assert peering_rules(template(*VARIANTS["namespaced"])) == {"kopfpeerings"}
+    assert peering_rules(template(*VARIANTS["standalone"])) == set()
+    assert peering_rules(template(*VARIANTS["namespaced"], "--set",
+                                  "peering.standalone=true")) == set()
 
 
 @pytest.mark.parametrize("variant", ["defaults", "namespaced"])
@@ -420,7 +475,7 @@ def test_own_objects_policy_only_where_the_cluster_serves_it(helm):
     writable = {r for _, rule in rules_of(find(docs, "ClusterRole", "rel-vlm-operator"))
                 for r in rule["resources"]
                 if {"create", "patch", "update", "delete"} & set(rule["verbs"])}
-    assert writable - covered == {"events", "kopfpeerings", f"{crd.PLURAL}/finalizers",
+    assert writable - covered == {"events", f"{crd.PLURAL}/finalizers",
                                   f"{crd.PLURAL}", f"{crd.PLURAL}/status", f"{crd.PLURAL}/scale"}
     assert not find(template(*VAP_API, "--set", "rbac.ownObjectsOnly=false"),
                     "ValidatingAdmissionPolicy")
@@ -452,8 +507,44 @@ def test_own_objects_policy_decisions(helm, operation, old_labels, new_labels, u
                   "oldObject": obj(old_labels) if operation != "CREATE" else None}
     (condition,) = policy["spec"]["matchConditions"]
     matched = _cel(condition["expression"], **activation)
-    (validation,) = policy["spec"]["validations"]
-    assert (not matched or _cel(validation["expression"], **activation)) is allowed
+    labelled, _ = policy["spec"]["validations"]
+    assert (not matched or _cel(labelled["expression"], **activation)) is allowed
+
+
+def _deployment_allowed(policy, template_spec, operation="CREATE"):
+    obj = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+           "spec": {"template": {"spec": template_spec}}}
+    activation = {"request": {"operation": operation, "resource": {"resource": "deployments"},
+                              "userInfo": {"username": "x"}},
+                  "object": obj if operation != "DELETE" else None, "oldObject": obj}
+    return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
+
+
+def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
+    """A leaked operator token may write Deployments, but none whose pods get host access or a
+    token: the pod template the builders make passes, each escalation is refused."""
+    from vlm_operator import builders
+    from vlm_operator.spec import parse
+
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m"}})
+    ours = builders.get_pod_template(vlmd)["spec"]
+    assert _deployment_allowed(policy, ours)
+    vllm = ours["containers"][0]
+    escalations = [
+        {**ours, "hostNetwork": True}, {**ours, "hostPID": True}, {**ours, "hostIPC": True},
+        {**ours, "automountServiceAccountToken": True},
+        {k: v for k, v in ours.items() if k != "automountServiceAccountToken"},
+        {**ours, "volumes": [*ours["volumes"], {"name": "root", "hostPath": {"path": "/"}}]},
+        {**ours, "containers": [{**vllm, "securityContext": {"privileged": True}}]},
+        {**ours, "containers": [{**vllm, "securityContext": {
+            "capabilities": {"add": ["SYS_ADMIN"]}}}]},
+        {**ours, "containers": [{**vllm, "ports": [{"containerPort": 8000, "hostPort": 80}]}]},
+        {**ours, "initContainers": [{"name": "i", "securityContext": {"privileged": True}}]},
+    ]
+    assert [_deployment_allowed(policy, spec) for spec in escalations] == [False] * 10
+    assert _deployment_allowed(policy, {}, operation="DELETE")  # deleting ours stays allowed
 
 
 def test_security_doc_names_every_policy_and_rbac_value():
@@ -466,6 +557,8 @@ def test_security_doc_names_every_policy_and_rbac_value():
         assert not default  # all off by default, as both documents say
     for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly"):
         assert f"rbac.{key}" in security + install
+    assert not values["networkPolicy"]["enabled"]
+    assert "`networkPolicy.enabled`" in security and "`networkPolicy.enabled`" in install
     assert "label-selected watch is not an RBAC" in security.replace("\n", " ")
 
 

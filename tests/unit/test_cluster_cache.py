@@ -42,6 +42,10 @@ class Kube:
         self.lists, self.queries = 0, []
         self.done = threading.Event()
 
+    def owned_pods(self, pods):
+        """The owner-chain check (Kube.owned_pods, tested in test_kube.py): here a label."""
+        return [p for p in pods if not p["metadata"]["labels"].get("foreign")]
+
     def list_page(self, path, query):
         self.lists += 1
         self.queries.append(dict(query))
@@ -126,13 +130,14 @@ def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
 def test_managed_pods_are_served_by_namespace_and_selector_without_managed_fields():
     app = {"app.kubernetes.io/instance": "m", "app.kubernetes.io/name": "vllm"}
     other = {"app.kubernetes.io/instance": "n", "app.kubernetes.io/name": "vllm"}
-    page = {"items": [obj("p1", "1", **app), obj("p2", "1", **other)],
+    page = {"items": [obj("p1", "1", **app), obj("p2", "1", **other),
+                      obj("p3", "1", **app, foreign="yes")],
             "metadata": {"resourceVersion": "1"}}
     kube = Kube([page], [])
     cache = ClusterCache(kube)
     try:
         pods = cache.list_pods("ns", "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=m")
-        assert [p["metadata"]["name"] for p in pods] == ["p1"]
+        assert [p["metadata"]["name"] for p in pods] == ["p1"]  # p3 is not ours
         assert "managedFields" not in pods[0]["metadata"]
         assert cache.list_pods("other", "app.kubernetes.io/instance=m") == []
         assert kube.queries[0]["labelSelector"] == cluster_cache.MANAGED

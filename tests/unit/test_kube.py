@@ -81,3 +81,59 @@ def test_connections_keep_alive_and_never_resend():
     assert (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, kube.KEEPALIVE_IDLE_S) in options
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, kube.TCP_USER_TIMEOUT_MS) in options
     assert cfg.retries.read == 0 and cfg.retries.total == 1
+
+
+class Objects(kube.Kube):
+    """Kube with reads from a dict of objects (kind, name) -> body, counting them."""
+
+    def __init__(self, objects):
+        self.objects, self.reads = objects, []
+        self._owners, self._owners_lock = {}, threading.Lock()
+
+    def get(self, api_version, kind, namespace, name):
+        self.reads.append((kind, name))
+        return self.objects.get((kind, name))
+
+
+def ref(kind, name, uid, api_version="apps/v1"):
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
+            "controller": True}
+
+
+def thing(name, uid, owner=None, **labels):
+    return {"metadata": {"name": name, "uid": uid, "namespace": "ns", "labels": labels,
+                         "ownerReferences": [owner] if owner else []}}
+
+
+def test_only_pods_whose_owner_chain_leads_to_the_vlmdeployment_are_ours():
+    """Labels prove nothing: a tenant's pod labelled like ours (instance=m, managed-by) but made
+    by its own ReplicaSet or Deployment is never returned, so never scraped, drained or
+    deleted."""
+    vlmd = ref("VLMDeployment", "m", "v1", "serving.vlm-operator.dev/v1alpha1")
+    objects = {
+        ("Deployment", "m"): thing("m", "d1", vlmd),
+        ("ReplicaSet", "m-abc"): thing("m-abc", "rs1", ref("Deployment", "m", "d1")),
+        ("Deployment", "theirs"): thing("theirs", "d2"),
+        ("ReplicaSet", "theirs-x"): thing("theirs-x", "rs2", ref("Deployment", "theirs", "d2")),
+        ("ReplicaSet", "m-fake"): thing("m-fake", "rs3"),
+    }
+    k = Objects(objects)
+    ours = thing("m-abc-1", "p1", ref("ReplicaSet", "m-abc", "rs1"),
+                 **{"app.kubernetes.io/instance": "m"})
+    pods = [ours,
+            thing("bare", "p2", None, **{"app.kubernetes.io/instance": "m"}),
+            thing("t-1", "p3", ref("ReplicaSet", "theirs-x", "rs2"),
+                  **{"app.kubernetes.io/instance": "m"}),
+            thing("f-1", "p4", ref("ReplicaSet", "m-fake", "rs3"),
+                  **{"app.kubernetes.io/instance": "m"}),
+            # right chain, another VLMDeployment's instance label: not this one's pod
+            thing("m-abc-2", "p5", ref("ReplicaSet", "m-abc", "rs1"),
+                  **{"app.kubernetes.io/instance": "n"}),
+            # a stale reference: the ReplicaSet of that name now has another uid
+            thing("old", "p6", ref("ReplicaSet", "m-abc", "rs-old"),
+                  **{"app.kubernetes.io/instance": "m"})]
+    assert k.owned_pods(pods) == [ours]
+    assert kube.object_path("apps/v1", "ReplicaSet", "ns", "m-abc") == \
+        "/apis/apps/v1/namespaces/ns/replicasets/m-abc"
+    reads = len(k.reads)
+    assert k.owned_pods([ours]) == [ours] and len(k.reads) == reads  # remembered by uid

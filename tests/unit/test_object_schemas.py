@@ -66,12 +66,13 @@ def scaling(mode: str, **extra) -> dict:
                             **extra}}
 
 
-KEDA_PROM = {"serverAddress": "http://prometheus.monitoring:9090"}
+KEDA_PROMETHEUS = "http://prometheus.monitoring:9090"  # the admin's, not the tenant's
+KEDA_PROM = {"serverAddress": KEDA_PROMETHEUS}
 SPECS = [
     vlmd("minimal"),
     vlmd("builtin", **scaling("Builtin", multimodalWeight=2, priority=5)),
     vlmd("hpa", **scaling("HPA", target=2.5, metric="vllm:num_requests_running")),
-    vlmd("keda", **scaling("KEDA", minReplicas=0, prometheus=KEDA_PROM)),
+    vlmd("keda", **scaling("KEDA")),
     vlmd("keda-query", **scaling("KEDA", prometheus={
         **KEDA_PROM, "query": 'sum(vllm:num_requests_waiting{namespace="models"})'})),
     vlmd("everything", image="reg.example/vllm:v0.20.2", servedModelName="m", revision="main",
@@ -137,7 +138,8 @@ def test_the_matrices_cover_every_kind_the_chart_renders(node):
 
 def render(*args: str) -> list[dict]:
     """`vlm-operator render` of every spec in SPECS."""
-    result = subprocess.run([sys.executable, "-m", "vlm_operator.cli", "render", "-f", "-", *args],
+    result = subprocess.run([sys.executable, "-m", "vlm_operator.cli", "render", "-f", "-",
+                             "--keda-prometheus-address", KEDA_PROMETHEUS, *args],
                             input=yaml.safe_dump_all(SPECS), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
@@ -155,7 +157,8 @@ def test_what_the_operator_applies_on_older_clusters_and_while_replacing(node):
     """The children render never shows: the autoscaling/v2beta2 HPA of 1.20-1.22 clusters and
     the Deployment with a surge replica while a pod is replaced."""
     docs = [c for spec in SPECS for c in builders.get_children(
-        parse(spec), "policy/v1beta1", "autoscaling/v2beta2", keda=True, surge=1)]
+        parse(spec), "policy/v1beta1", "autoscaling/v2beta2", keda=True, surge=1,
+        prometheus_address=KEDA_PROMETHEUS)]
     assert any(d["apiVersion"] == "autoscaling/v2beta2" for d in docs)
     assert invalid(validate(node, docs)) == []
 

@@ -115,3 +115,119 @@ def test_a_paused_replica_neither_scales_nor_resyncs(calls):
         wait_until(lambda: "x" in calls.ticks and "x" in calls.resyncs)
     finally:
         p.stop()
+
+
+def test_series_of_untracked_vlmdeployments_are_dropped_each_resync(calls):
+    """The operator's per-VLMDeployment series go with their object: at once when it is
+    deleted (handlers.py), and at every resync for any a late round wrote afterwards."""
+    from vlm_operator import metrics
+
+    metrics.DETECTIONS.labels("team", "kept", "engine_dead").inc()
+    metrics.AUTOSCALER_READY.labels("team", "gone", "ready").set(2)
+    metrics.REMEDIATIONS.labels("team", "gone", "Restart").inc()
+    periodic = start(calls, sweep=metrics.keep_only)
+    try:
+        periodic.track(body("kept"))
+        wait_until(lambda: ("team", "gone") not in metrics.vlmds_with_series())
+        assert ("team", "kept") in metrics.vlmds_with_series()
+        metrics.forget_vlmd("team", "kept")
+        assert not {("team", "kept"), ("team", "gone")} & metrics.vlmds_with_series()
+    finally:
+        periodic.stop()
+
+
+def test_a_round_still_running_when_its_object_goes_is_forgotten_after_it():
+    """What a round keeps or writes (state, series) after its VLMDeployment was untracked is
+    dropped when that round ends, not left for ever."""
+    started, release, forgotten = threading.Event(), threading.Event(), []
+
+    def tick(b):
+        started.set()
+        release.wait(5)
+
+    periodic = Periodic(tick=tick, resync=lambda ns, name: None,
+                        forget=lambda ns, name: forgotten.append(name), round_s=0.02,
+                        resync_s=60).start()
+    try:
+        periodic.track(body("late"))
+        assert started.wait(5)
+        periodic.untrack("team", "late")
+        assert forgotten == ["late"]
+        release.set()
+        wait_until(lambda: forgotten == ["late", "late"])
+    finally:
+        periodic.stop()
+
+
+def test_a_vlmdeployment_without_a_round_to_do_takes_no_round_worker(calls):
+    """`due` says the round has nothing to do (no pods): no tick, no worker, and its round
+    counts as done for the watchdog; pods appear and its rounds start."""
+    has_pods = {"empty": False, "busy": True}
+    p = start(calls, due=lambda b: has_pods[b["metadata"]["name"]])
+    try:
+        p.track(body("empty"))
+        p.track(body("busy"))
+        wait_until(lambda: calls.ticks.count("busy") >= 10)
+        assert "empty" not in calls.ticks
+        assert p.watchdog.check() == []  # nothing owed, nothing stalled
+        has_pods["empty"] = True
+        wait_until(lambda: "empty" in calls.ticks)
+    finally:
+        p.stop()
+
+
+def test_one_namespaces_slow_rounds_leave_workers_to_the_others():
+    """Eight VLMDeployments of one namespace whose rounds never end (their pods hold every
+    read to its deadline, round after round) take that namespace's share of the round workers,
+    not all of them: another namespace's rounds go on."""
+    release = threading.Event()
+    ticks = []
+
+    def tick(b):
+        ticks.append(b["metadata"]["name"])
+        if b["metadata"]["namespace"] == "hostile":
+            release.wait(30)
+
+    p = Periodic(tick=tick, resync=lambda ns, name: None, forget=lambda ns, name: None,
+                 round_s=0.02, resync_s=60).start()
+    try:
+        p.track(body("calm", ns="other"))
+        for i in range(8):
+            p.track(body(f"h{i}", ns="hostile"))
+        wait_until(lambda: ticks.count("calm") >= 20)
+    finally:
+        release.set()
+        p.stop()
+
+
+class Cache:
+    def __init__(self, pods):
+        self.pods = pods
+
+    def has_pods(self, namespace, name):
+        return self.pods
+
+
+class Reads:
+    def __init__(self, held=False):
+        self.held = held
+
+    def tracks(self, namespace, name):
+        return self.held
+
+
+def rounds_due(pods, held=False, **spec):
+    from vlm_operator.rounds import Rounds
+    rounds = Rounds(Cache(pods), None, None, None, Reads(held))
+    return rounds.due({"metadata": {"namespace": "team", "name": "x"},
+                       "spec": {"model": "m", **spec}})
+
+
+def test_rounds_are_due_only_with_something_to_do():
+    assert rounds_due(True)
+    assert rounds_due(None)  # the cache cannot say yet: the round says what is wrong
+    assert not rounds_due(False, replicas=0)
+    assert rounds_due(False, held=True)  # pods went: one round clears what is held
+    builtin = {"enabled": True, "minReplicas": 1, "maxReplicas": 3}
+    assert rounds_due(False, replicas=0, autoscaling=builtin)  # below minReplicas: scales up
+    assert not rounds_due(False, replicas=0, autoscaling={**builtin, "minReplicas": 0})

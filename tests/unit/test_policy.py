@@ -1,4 +1,6 @@
-"""The operator's policy: allowed image prefixes, PriorityClasses, Secrets labelled for use."""
+"""The operator's policy: allowed image prefixes, PriorityClasses (and the autoscaling rank they
+bound), Secrets labelled for use, options that run the tenant's code, autoscaling modes and the
+Prometheus KEDA may query."""
 
 import pytest
 
@@ -100,12 +102,94 @@ def test_violations_make_spec_valid_false():
     assert cond["message"].startswith("spec.image: 'evil/x:v0.20.2' is not allowed")
 
 
+def test_autoscaling_priority_is_bounded_by_the_allowed_priority_classes():
+    """Allowing only `low` must not let a tenant rank first for free GPUs through
+    spec.autoscaling.priority."""
+    values = {"low": 100, "mid": 1000}.get
+    rules = policy.Policy(priority_classes=("low",))
+    ranked = cr(autoscaling={"enabled": True, "priority": 1000000})
+    assert validate(ranked, policy.Policy(), priority_value=values)[0] == []  # no rule: any
+    assert validate(ranked, rules, priority_value=values)[0] == [
+        "spec.autoscaling.priority: 1000000 ranks above the highest allowed PriorityClass value "
+        "(100); the operator's policy allows the PriorityClasses 'low', and this rank decides "
+        "who gets free GPUs first"]
+    assert validate(cr(autoscaling={"priority": 100}), rules, priority_value=values)[0] == []
+    assert validate(cr(autoscaling={"priority": 999}), policy.Policy(
+        priority_classes=("low", "mid")), priority_value=values)[0] == []
+    # an allowed class that does not exist allows no explicit rank
+    problems, _ = validate(cr(autoscaling={"priority": 1}), policy.Policy(
+        priority_classes=("gone",)), priority_value=values)
+    assert problems and "none of them exists" in problems[0]
+
+
+def test_code_options_are_refused_when_the_admin_asks():
+    spec = cr(vllm={"extraArgs": ["--enforce-eager", "--trust-remote-code",
+                                  "--worker-extension-cls=evil.Ext"],
+                    "env": [{"name": "PYTHONPATH", "value": "/tmp/x"},
+                            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+                            {"name": "HF_ENDPOINT", "value": "http://hub.evil"}]})
+    assert validate(spec, policy.Policy())[0] == []  # off by default
+    problems, _ = validate(spec, policy.Policy(deny_code_options=True))
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.vllm.extraArgs[1]", "spec.vllm.extraArgs[2]", "spec.vllm.env[0].name",
+        "spec.vllm.env[1].name", "spec.vllm.env[2].name"]
+    assert problems[0] == ("spec.vllm.extraArgs[1]: --trust-remote-code is not allowed by the "
+                           "operator's policy: it runs the model repository's own Python code")
+
+
+def test_modes_not_served_are_refused():
+    rules = policy.Policy(autoscaling_modes=("Builtin",))
+    assert validate(cr(autoscaling={"enabled": True}), rules)[0] == []
+    assert validate(cr(autoscaling={"enabled": False, "mode": "HPA"}), rules)[0] == []
+    problems, _ = validate(cr(autoscaling={"enabled": True, "mode": "HPA"}), rules)
+    assert problems == ["spec.autoscaling.mode: HPA is not served by this installation (it "
+                        "serves 'Builtin'; the admin enables modes with the chart's autoscaling "
+                        "values)"]
+
+
+def test_keda_queries_only_a_prometheus_the_admin_named():
+    """keda-operator GETs the address from its own network position: the tenant may not pick
+    it (cloud metadata, cluster-internal services, another team's Prometheus)."""
+    keda = {"enabled": True, "mode": "KEDA"}
+    admin = policy.Policy(prometheus_addresses=("http://prom.monitoring:9090",
+                                                "http://prom2.monitoring:9090"))
+    assert validate(cr(autoscaling=keda), admin)[0] == []
+    assert policy.prometheus_address(cr(autoscaling=keda)["spec"], admin) == \
+        "http://prom.monitoring:9090"
+    second = cr(autoscaling={**keda, "prometheus": {"serverAddress":
+                                                    "http://prom2.monitoring:9090"}})
+    assert validate(second, admin)[0] == []
+    assert policy.prometheus_address(second["spec"], admin) == "http://prom2.monitoring:9090"
+    own = cr(autoscaling={**keda, "prometheus": {"serverAddress": "http://169.254.169.254/"}})
+    assert validate(own, admin)[0] == [
+        "spec.autoscaling.prometheus.serverAddress: 'http://169.254.169.254/' is not a "
+        "Prometheus the operator's policy allows (KEDA queries it from its own network "
+        "position); use one of 'http://prom.monitoring:9090', 'http://prom2.monitoring:9090' "
+        "or leave it unset"]
+    assert validate(own, policy.Policy())[0][0].endswith(
+        "the admin sets the allowed ones with the chart value policy.kedaPrometheusAddresses")
+    assert validate(cr(autoscaling=keda), policy.Policy())[0] == [
+        "spec.autoscaling.prometheus.serverAddress: KEDA mode needs a Prometheus, and the "
+        "operator has none configured (chart value policy.kedaPrometheusAddresses, flag "
+        "--keda-prometheus-address)"]
+
+
 def test_run_flags():
     args = build_parser().parse_args([
         "run", "--allowed-image-prefix", "a/", "--allowed-image-prefix", "b/",
         "--allowed-priority-class", "gpu", "--secret-label", LABEL])
     assert (args.image_prefixes, args.priority_classes, args.secret_label) == (
         ["a/", "b/"], ["gpu"], LABEL)
+    from vlm_operator.runner import get_policy
+    assert get_policy(args) == policy.Policy(("a/", "b/"), ("gpu",), LABEL)
+    args = build_parser().parse_args([
+        "run", "--deny-code-options", "--autoscaling-mode", "Builtin", "--autoscaling-mode",
+        "KEDA", "--keda-prometheus-address", "http://p:9090"])
+    assert get_policy(args) == policy.Policy(
+        deny_code_options=True, autoscaling_modes=("Builtin", "KEDA"),
+        prometheus_addresses=("http://p:9090",))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--autoscaling-mode", "Manual"])
     for bad in ("bad key", "=x", "a/b/c=d"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["run", "--secret-label", bad])

@@ -1,6 +1,7 @@
 """Reading pods' /metrics: only the named samples are parsed, with the same values a full parse
 gives, from a real vLLM 0.32.0 /metrics and from the stand-ins that serve it."""
 
+import socket
 import threading
 
 import pytest
@@ -66,7 +67,7 @@ def test_the_scraper_reads_the_named_samples_of_each_pod():
     try:
         pods = [{"metadata": {"name": "a", "uid": "1"}, "status": {"podIP": "127.0.0.2"}},
                 {"metadata": {"name": "b", "uid": "2"}, "status": {}}]
-        out = scraper.scrape(pods, PROGRESS_METRICS)
+        out = scraper.scrape(("team", "m"), pods, PROGRESS_METRICS)
     finally:
         scrape.builders.PORT = old
         scraper.stop()
@@ -78,3 +79,35 @@ def test_the_scraper_reads_the_named_samples_of_each_pod():
 def test_samples_with_and_without_labels_and_any_blank_are_summed():
     text = 'vllm:a\t3\nvllm:ab 4\nvllm:a{x="1"} 2\n# HELP vllm:a not a sample 9\n'
     assert scrape.parse_metrics(text, {"vllm:a"}) == {"vllm:a": 5.0}
+
+
+def test_one_tenants_silent_pods_do_not_hold_another_tenants_read(monkeypatch):
+    """Tenant a's pods accept connections and never answer (each read runs to its deadline);
+    with a's reads taking its share of the scrape workers, tenant b's read in the same moment
+    gets a worker and its values; a's reads past its share are not made this round (BUSY),
+    never counted as timeouts of those pods."""
+    server = vllmsim.page_server(REAL.encode(), "127.0.0.2")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(scrape.builders, "PORT", server.server_address[1])
+    hold = socket.socket()
+    hold.bind(("127.0.0.7", server.server_address[1]))  # same port, another loopback address
+    hold.listen(64)  # the kernel accepts; nobody ever answers
+    scraper = scrape.Scraper(workers=2)
+    fine = [{"metadata": {"name": "fine", "uid": "f"}, "status": {"podIP": "127.0.0.2"}}]
+    try:
+        scraper.scrape(("b", "m"), fine, PROGRESS_METRICS)  # b reads every round too
+        silent_pods = [{"metadata": {"name": f"s{i}", "uid": f"s{i}"},
+                        "status": {"podIP": "127.0.0.7"}} for i in range(4)]
+        out_a = {}
+        reader = threading.Thread(target=lambda: out_a.update(
+            scraper.scrape(("a", "hostile"), silent_pods, PROGRESS_METRICS)))
+        reader.start()
+        out_b = scraper.scrape(("b", "m"), fine, PROGRESS_METRICS)
+        reader.join(10)
+    finally:
+        scraper.stop()
+        server.shutdown()
+        hold.close()
+    assert out_b["fine"].values == {n: full_parse(REAL)[n] for n in PROGRESS_METRICS}
+    kinds = sorted(r.error for r in out_a.values())
+    assert kinds.count("timeout") == 1 and kinds.count(scrape.BUSY) == 3, kinds

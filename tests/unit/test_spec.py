@@ -128,8 +128,41 @@ def test_missing_spec():
      "spec.modelCache.storageClassName: only applies with size"),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
      "spec.autoscaling.minReplicas: 5 is larger than spec.autoscaling.maxReplicas (2)"),
-    ({"autoscaling": {"enabled": True, "mode": "KEDA", "maxReplicas": 3}},
-     "spec.autoscaling.prometheus.serverAddress: is required in KEDA mode"),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA", "minReplicas": 0, "maxReplicas": 3}},
+     "spec.autoscaling.minReplicas: 0 is not supported in KEDA mode: at zero replicas the "
+     "pods' series are gone"),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA", "scaleDownDelaySeconds": 7200}},
+     "spec.autoscaling.scaleDownDelaySeconds: 7200 is more than 3600 in KEDA mode"),
+    ({"autoscaling": {"enabled": True, "mode": "HPA", "scaleDownDelaySeconds": 3601}},
+     "spec.autoscaling.scaleDownDelaySeconds: 3601 is more than 3600 in HPA mode"),
+    ({"autoscaling": {"enabled": True, "mode": "HPA"},
+      "health": {"tokenizerRetry": {"action": "ScaleDown"}}},
+     "spec.health.tokenizerRetry.action: ScaleDown is not available in HPA mode: the "
+     "HorizontalPodAutoscaler owns spec.replicas"),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA"}, "health": {"extraSignatures": [
+        {"name": "oom", "regex": "CUDA out of memory", "action": "ScaleDown"}]}},
+     "spec.health.extraSignatures[0].action: ScaleDown is not available in KEDA mode"),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA", "prometheus": {
+        "query": "sum(vllm:num_requests_waiting)"}}},
+     'spec.autoscaling.prometheus.query: every selector must carry namespace="ml"'),
+    ({"autoscaling": {"enabled": True, "mode": "KEDA", "prometheus": {
+        "query": 'sum(x{namespace="ml"}) + sum(y{namespace=~"ml|other"})'}}},
+     'spec.autoscaling.prometheus.query: every selector must carry namespace="ml" (an '
+     "equality matcher) so the query reads only this namespace's series; y does not"),
+    ({"vllm": {"allowedMediaDomains": ["*", "images.example.com"]}},
+     'spec.vllm.allowedMediaDomains: "*" allows any host and must be the only entry'),
+    ({"vllm": {"allowedMediaDomains": ["http://images.example.com"]}},
+     "spec.vllm.allowedMediaDomains[0]: 'http://images.example.com' does not match"),
+    ({"vllm": {"extraArgs": ["--allowed-media-domains", "x.example.com"]}},
+     "spec.vllm.extraArgs[0]: --allowed-media-domains is managed by the operator: set "
+     "spec.vllm.allowedMediaDomains instead"),
+    ({"replicas": 1, "health": {"minAvailable": 2}},
+     "spec.health.minAvailable: 2 is more than spec.replicas (1)"),
+    ({"health": {"minAvailable": 1000000}},
+     "spec.health.minAvailable: 1000000 is more than spec.replicas (1)"),
+    ({"replicas": 5, "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+      "health": {"minAvailable": 3}},
+     "spec.health.minAvailable: 3 is more than spec.autoscaling.minReplicas (2)"),
     ({"health": {"engineStalled": {"stallSeconds": 20, "canaryTimeoutSeconds": 20}}},
      "spec.health.engineStalled.canaryTimeoutSeconds: 20 must be less than stallSeconds (20)"),
     ({"health": {"engineStalled": {"stallSeconds": 10}}},  # the default canary timeout is 10
@@ -189,10 +222,22 @@ def test_newer_version_is_a_warning_not_an_error():
     assert any(w.startswith("spec.vllmVersion: vLLM 0.40.0 is newer") for w in vlmd.warnings)
 
 
+def test_limits_that_hold_the_defaults_and_scaling_to_zero():
+    """minAvailable up to the replicas is fine, and so is the default minAvailable 1 with no
+    replica (a budget of 1 over no pod holds nothing); autoscaling owns its own limits."""
+    assert parse(cr()).spec["health"]["minAvailable"] == 1
+    assert parse(cr(replicas=0)).spec["replicas"] == 0
+    assert parse(cr(replicas=3, health={"minAvailable": 3}))
+    assert parse(cr(autoscaling={"enabled": True, "mode": "KEDA", "minReplicas": 1,
+                                 "scaleDownDelaySeconds": 3600}))
+    # Builtin mode keeps its own longer delays; a disabled HPA spec is not checked
+    assert parse(cr(autoscaling={"enabled": True, "scaleDownDelaySeconds": 7200}))
+    assert parse(cr(autoscaling={"enabled": False, "mode": "HPA",
+                                 "scaleDownDelaySeconds": 7200},
+                    health={"engineDead": {"action": "ScaleDown"}}))
+
+
 def test_warnings_for_risky_but_valid_specs():
-    vlmd = parse(cr(replicas=1, health={"minAvailable": 2}))
-    assert any(w.startswith("spec.health.minAvailable: 2 is more than spec.replicas (1)")
-               for w in vlmd.warnings)
     vlmd = parse(cr(replicas=3, modelCache={"size": "10Gi"}))
     assert any(w.startswith("spec.modelCache.accessModes") for w in vlmd.warnings)
     vlmd = parse(cr(replicas=3, modelCache={"size": "10Gi", "accessModes": ["ReadWriteMany"]}))

@@ -8,26 +8,28 @@ import pytest
 from vlm_operator.stalls import (
     ANSWERED,
     CANARY,
-    FAILED,
     HEARTBEAT,
     IDLE,
     OFF,
     OK,
     PROGRESS_METRICS,
-    REFUSED,
     STALLED,
     TIMED_OUT,
     UNAUTHORIZED,
+    UNCORROBORATED,
     UNKNOWN,
+    UNRESPONSIVE,
     WORKING,
     after_canary,
     after_health,
     after_heartbeat,
+    api_verdict,
     beat,
     by_heartbeat,
     canary_due,
     detection_report,
     detector,
+    not_ready,
     observe,
     stall_detail,
     stall_report_due,
@@ -97,10 +99,10 @@ def test_canary_timed_out_is_a_stall_unless_progress_came_meanwhile():
     assert after_canary(moved, TIMED_OUT, T + 20, T + 30)[1] == OK
 
 
-def test_canary_refused_or_failed_says_nothing():
+def test_a_canary_that_could_not_connect_or_got_a_bad_answer_says_nothing():
     p = run([values(gen=5)] * 21)
-    for result in (REFUSED, FAILED):
-        assert after_canary(p, result, T + 20, T + 20.1) == (p, UNKNOWN)
+    for result in ("unreachable", "http_error", "redirect", "too_large", "bad_answer"):
+        assert after_canary(p, result, T + 20, T + 20.1) == (p, UNKNOWN), result
 
 
 def test_stall_detail_names_the_counters_and_the_canary():
@@ -119,6 +121,25 @@ def test_api_unresponsive_counts_only_when_health_times_out_too():
     assert after_health(p, True, "ok").timeouts == 0  # a busy server: slow /metrics only
     assert after_health(p, False, None).timeouts == 0
     assert after_health(p, True, "unreachable").timeouts == 0  # gone: not this signal
+
+
+def pod(ready):
+    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+    return {"metadata": {}, "status": {"conditions": conditions}}
+
+
+def test_api_unresponsive_is_acted_on_only_when_the_kubelet_agrees():
+    """/metrics and /health timing out on connections the pod accepted is the operator's view;
+    the kubelet's failing readiness probe (Ready=False) is the corroboration."""
+    p = run([values()])
+    for _ in range(3):
+        p = after_health(p, True, TIMED_OUT)
+    assert api_verdict(after_health(run([values()]), True, TIMED_OUT), 3, True) is None
+    assert api_verdict(p, 3, not_ready(pod("False"))) == UNRESPONSIVE
+    assert api_verdict(p, 3, not_ready(pod("True"))) == UNCORROBORATED
+    assert api_verdict(p, 3, not_ready(pod(None))) == UNCORROBORATED  # no word yet: unknown
+    deleting = {**pod("False"), "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert not not_ready(deleting)
 
 
 # ---------------------------------------------------------------- the engine heartbeat

@@ -45,7 +45,8 @@ def test_all_ready():
     assert st["vllmVersion"] == "0.20.2"
     assert st["observedGeneration"] == 4
     assert st["selector"] == ("app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
-                              "app.kubernetes.io/component=engine")
+                              "app.kubernetes.io/component=engine,"
+                              "app.kubernetes.io/managed-by=vlm-operator")
     assert cond(st, "Ready")["status"] == "True"
     assert cond(st, "Ready")["reason"] == "AllReplicasReady"
     assert cond(st, "Progressing")["reason"] == "RolloutComplete"

@@ -69,6 +69,9 @@ What the operator does inside a watched namespace, read off the code:
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -89,13 +92,17 @@ What the operator does inside a watched namespace, read off the code:
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.rbac.hpa }}
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "delete"{{ if .Values.rbac.hpa }}, "create", "patch"{{ end }}]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.keda }}
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["get", "delete"{{ if .Values.rbac.keda }}, "create", "patch"{{ end }}]
-{{- if not .Values.peering.standalone }}
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- if and .Values.watchNamespaces (not .Values.peering.standalone) }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
   verbs: ["get", "list", "watch", "patch", "create"]
