@@ -146,8 +146,7 @@ class StallWatch:
                     verdict, why = stalls.by_heartbeat(beats, line_at, now,
                                                        stalled["stallSeconds"],
                                                        stalled["minTokensPerSecond"])
-                    progress = stalls.after_heartbeat(
-                        progress, verdict, max((b.at for b in beats.values()), default=now))
+                    progress = stalls.after_heartbeat(progress, verdict, now)
                     if verdict == stalls.STALLED and stalls.stall_report_due(
                             progress, now, stalled["stallSeconds"]):
                         progress = stalls.told(progress, now)

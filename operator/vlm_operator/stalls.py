@@ -219,14 +219,15 @@ def by_heartbeat(beats: Mapping[str, Beat], line_at: float | None, now: float, s
     return IDLE, "; ".join(why for _, why in verdicts)
 
 
-def after_heartbeat(p: Progress, verdict: str, beat_at: float) -> Progress:
-    """Progress after a heartbeat verdict: working or idle counts as progress as of the newest
-    heartbeat (beat_at: when it arrived), so no canary is due while they come (one would only
-    wait behind a long step), and once they stop coming the canary is due as after any
-    progress; a stall stays as it is (the caller reports it, and notes when with told());
-    unknown leaves the counters and the canary to decide."""
+def after_heartbeat(p: Progress, verdict: str, now: float) -> Progress:
+    """Progress after a heartbeat verdict: working or idle (given only while the heartbeat is
+    not late) counts as progress now, so no canary is due while heartbeats come (one would
+    only wait behind a long step). Once they stop, the canary falls due as after any progress:
+    after the heartbeat-stopped verdict where the log goes on (it comes at stallSeconds), as
+    the fallback where the log is quiet too. A stall stays as it is (the caller reports it,
+    and notes when with told()); unknown leaves the counters and the canary to decide."""
     if verdict in (WORKING, IDLE):
-        return replace(p, moved_at=max(p.moved_at, beat_at), told_at=None)
+        return replace(p, moved_at=now, told_at=None)
     if verdict == UNKNOWN:
         return replace(p, told_at=None)
     return p

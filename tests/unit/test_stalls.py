@@ -249,10 +249,11 @@ def test_work_or_idle_counts_as_progress_so_no_canary_waits_behind_a_long_step()
     p = run([values(gen=5)] * 25)
     assert canary_due(p, T + 24, STALL, CANARY_S)
     for v in (WORKING, IDLE):
-        q = after_heartbeat(p, v, T + 23)  # the newest heartbeat arrived at T + 23
-        assert q.moved_at == T + 23 and not canary_due(q, T + 24, STALL, CANARY_S)
-        # heartbeats that stop coming: the canary is due 20 s after the last one
-        assert canary_due(observe(q, values(gen=5), T + 43), T + 43, STALL, CANARY_S)
+        q = after_heartbeat(p, v, T + 24)
+        assert q.moved_at == T + 24 and not canary_due(q, T + 25, STALL, CANARY_S)
+        # no working verdict after T + 24 (the heartbeat late): the canary is due 20 s later
+        assert not canary_due(observe(q, values(gen=5), T + 43), T + 43, STALL, CANARY_S)
+        assert canary_due(observe(q, values(gen=5), T + 44), T + 44, STALL, CANARY_S)
     assert after_heartbeat(p, UNKNOWN, T + 24).moved_at == T  # the counters decide
     assert after_heartbeat(p, STALLED, T + 24) == p
 
