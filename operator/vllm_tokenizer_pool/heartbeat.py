@@ -15,13 +15,13 @@ daemon thread logs every `VLM_ENGINE_HEARTBEAT_SECONDS` (5; 0 turns it off) thro
 
 (one line): `steps` completed steps that computed tokens, `in_flight` steps scheduled and not
 yet completed (more than one with vLLM's batch queue), `step_s` and `step_tokens` the age and
-scheduled tokens of the oldest of them (0 when none), `running`/`waiting` the scheduler's
-requests. A heartbeat that stops is evidence too: the process is stopped, dead, or wedged
-holding the GIL.
+the work of the oldest of them (its scheduled tokens plus the encoder input tokens of the
+images encoded in it; 0 when none), `running`/`waiting` the scheduler's requests. A heartbeat
+that stops is evidence too: the process is stopped, dead, or wedged holding the GIL.
 
-Cost: two dictionary operations per step on the engine's thread, one line of about 150 bytes
-per period. Nothing here raises into vLLM: a wrapper that fails passes the call through, and
-the thread swallows its own errors.
+Cost: two dictionary operations under a lock per step on the engine's thread, one line of
+about 150 bytes per period. Nothing here raises into vLLM: a wrapper that fails passes the call
+through, and the thread swallows its own errors.
 """
 
 from __future__ import annotations
