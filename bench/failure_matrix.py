@@ -55,6 +55,20 @@ def summary(runs: list[dict]) -> str:
     return text + (f" ({missed} of {len(runs)} never)" if missed else "")
 
 
+def load_and_drain(runs: list[dict]) -> str:
+    """Requests failed of those started under the row's steady load (every trial), and how
+    long `kubectl drain` took (median), where the row has them."""
+    parts = []
+    loads = [r["load"] for r in runs if r.get("load")]
+    if loads:
+        parts.append(f"{sum(x['failed'] for x in loads)} of "
+                     f"{sum(x['started'] for x in loads)}")
+    drains = [r["drain_s"] for r in runs if r.get("drain_s") is not None]
+    if drains:
+        parts.append(f"drain {statistics.median(drains):.1f} s")
+    return ", ".join(parts) or "-"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=1)
@@ -117,20 +131,22 @@ def markdown(out: dict) -> str:
         f"started at commit {out.get('started_at_commit', '?')} (rows with operators of their "
         f"own start them from the tree of their time), ended at {m['commit']}.",
         "",
-        "| row | failure | operator | probes only | fewest ready | operator Events |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| row | failure | operator | probes only | fewest ready | operator Events | "
+        "requests failed, drain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for entry in out["rows"]:
         runs = entry["operator"]
         events = runs[-1].get("events") or {}
         shown = ", ".join(f"{k} {v}" for k, v in sorted(events.items()) if k in (
             "PodRestarted", "PodReplacing", "PodReplaced", "RemediationSkipped",
-            "ScaleDownStarted", "ScaledDown", "DrainTimedOut", "ReplaceFailed"))
+            "ScaleDownStarted", "ScaledDown", "DrainTimedOut", "ReplaceFailed",
+            "ReplaceAbandoned", "NodeDrainHeld", "NodeDrainWaitExpired"))
         probes = summary(entry["probes_only"]) if entry["probes_only"] else "n/a"
         lowest = min((r.get("lowest_ready", 0) for r in runs), default=0)
         operator = f"n/a: {entry['must_not']}" if entry.get("must_not") else summary(runs)
         lines.append(f"| {entry['id']} | {entry['what']} | {operator} | {probes} | {lowest} | "
-                     f"{shown or '-'} |")
+                     f"{shown or '-'} | {load_and_drain(runs)} |")
     lines += ["", "Rows marked n/a are about what must not happen; their outcome is asserted "
               "in tests/e2e/test_failure_matrix.py and recorded in the JSON. \"never\": not "
               f"serving again within {out['limit_s']:g} s (a retry storm fails no probe)."]

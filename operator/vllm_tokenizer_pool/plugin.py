@@ -163,7 +163,7 @@ class _State:
             if self.active_logged:
                 return
             self.active_logged = True
-        emit(logging.INFO, active_line(self.version, pool_size, self.targets))
+        emit(_active_level(), active_line(self.version, pool_size, self.targets))
 
     def log_inactive(self, reason: str) -> None:
         with self.lock:
@@ -193,6 +193,16 @@ def _with_process_name(record: logging.LogRecord) -> bool:
     if not hasattr(record, "vllm_process_name"):
         record.vllm_process_name = record.processName
     return True
+
+
+def _active_level() -> int:
+    """INFO, or WARNING where vLLM's logging level hides INFO (VLLM_LOGGING_LEVEL=WARNING): the
+    operator reads the `active` line to tell a patched pod from an unpatched one. Before vLLM
+    configured its logging, its level is read from the environment as vLLM will."""
+    if logging.getLogger("vllm").handlers:
+        return logging.INFO if logger.isEnabledFor(logging.INFO) else logging.WARNING
+    level = logging.getLevelName(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    return logging.WARNING if isinstance(level, int) and level > logging.INFO else logging.INFO
 
 
 def emit(level: int, message: str, log: logging.Logger = logger, stacklevel: int = 3) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import autoscaling as a
-from vlm_operator import builders, metrics, scrape
+from vlm_operator import builders, incidents, metrics, scrape
 from vlm_operator.cluster_cache import ClusterCache, Stale
 from vlm_operator.kube import Kube, now_iso
 from vlm_operator.spec import SpecError, VLMDeployment, parse
@@ -141,12 +141,17 @@ class Autoscaler:
                                              for f in free.values()))
         return nodes, free
 
-    def replica_fits(self, vlmd: VLMDeployment) -> bool:
+    def replica_fits(self, vlmd: VLMDeployment, pending: int = 0) -> bool:
         """For surge replacements (remediator.py): whether one more replica fits on one node
-        its pods may use, in its GPU resource; raises Stale when the budget is unknown."""
+        its pods may use, in its GPU resource, once `pending` replicas of it that no node holds
+        yet took theirs (placed as share_gpus places a scale-up); raises Stale when the budget
+        is unknown."""
         nodes, free = self._budget()
-        return a.largest_free(nodes, free, vlmd.spec["gpuResourceName"],
-                              _placement(vlmd)) >= vlmd.spec["gpusPerReplica"]
+        key = (vlmd.namespace, vlmd.name)
+        want = max(0, pending) + 1
+        claim = a.Claim(key, 0, vlmd.spec["gpusPerReplica"], 0, 0, want,
+                        vlmd.spec["gpuResourceName"], _placement(vlmd))
+        return a.share_gpus(nodes, free, [claim])[key] >= want
 
     def _priority(self, vlmd: VLMDeployment) -> int:
         explicit = vlmd.spec["autoscaling"].get("priority")
@@ -221,7 +226,11 @@ class Autoscaler:
                             a.policy_from_spec(vlmd.spec["autoscaling"]))
         state.history = decision.history
         desired, reason, message = decision.desired, decision.reason, decision.message
-        bound = sum(1 for s in samples if s.state != a.PENDING)
+        # a surge replacement's GPU stands in for its sick pod's: not one of the replicas
+        surging = set(incidents.replacements(incidents.parse_in_flight(meta.get("annotations")),
+                                             pods).values())
+        bound = sum(1 for s, p in zip(samples, pods, strict=True)
+                    if s.state != a.PENDING and p["metadata"]["uid"] not in surging)
         granted, limited = self._grant(vlmd, current, bound, desired)
         if limited is not None:
             message = f"{message}; {limited[1]}"
@@ -259,8 +268,9 @@ class Autoscaler:
             return
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         state.wrote_over = seen
-        for pod in plan.delete:
-            self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod))
+        for pod in plan.delete:  # drained (or the drain limit passed): nothing to wait for
+            self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod),
+                             grace_s=builders.QUICK_GRACE_S)
         target = current - len(plan.delete)
         self.kube.scale_vlmd(ns, name, target)
         metrics.AUTOSCALER_SCALES.labels(ns, name, "down").inc()

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from vlm_operator.autoscaling_builders import KV_HIGH
-from vlm_operator.builders import GPU_RESOURCE, IN_SERVICE_LABEL
+from vlm_operator.builders import DRAIN_LIMIT_S, GPU_RESOURCE, IN_SERVICE_LABEL
 from vlm_operator.spec import with_defaults
 
 TOLERANCE = 0.2
 FAST_FACTOR = 1.5
 UP_WINDOW_S = 2.5
 SMOOTH_WINDOW_S = 30.0
-DRAIN_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = float(DRAIN_LIMIT_S)
 
 READY, LOADING, PENDING, UNKNOWN = "ready", "loading", "pending", "unknown"
 DRAIN_SINCE = "serving.vlm-operator.dev/drain-since"  # pod: when the autoscaler took it out
@@ -278,6 +278,44 @@ def node_of(node: dict) -> Node | None:
                    if _extended(k)}
     return Node(node["metadata"]["name"], dict(node["metadata"].get("labels") or {}), taints,
                 allocatable)
+
+
+# Taints the cluster autoscaler and Karpenter (v1; `karpenter.sh/disruption` before it) put on
+# nodes they are about to remove.
+LEAVING_TAINTS = {"ToBeDeletedByClusterAutoscaler": "the cluster autoscaler removes it",
+                  "karpenter.sh/disrupted": "Karpenter removes it",
+                  "karpenter.sh/disruption": "Karpenter removes it"}
+
+
+class NodeState(NamedTuple):
+    """A Node as the operator's node cache keeps it."""
+
+    name: str
+    budget: Node | None  # as the GPU budget sees it (None: it takes no new pods)
+    leaving: str | None  # why it is about to go, if it is
+
+
+def leaving(node: dict) -> str | None:
+    """Why a node is about to go: cordoned (kubectl drain or cordon), or tainted by the
+    cluster autoscaler or Karpenter; None when it is not. A refused eviction leaves no trace to
+    watch: these are what is seen of a drain before it evicts."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned (spec.unschedulable: kubectl drain or cordon)"
+    for taint in spec.get("taints") or []:
+        if taint.get("key") in LEAVING_TAINTS:
+            return f"{LEAVING_TAINTS[taint['key']]} (taint {taint['key']})"
+    return None
+
+
+def node_state(node: dict) -> NodeState | None:
+    """What the node cache keeps of a Node: its budget view, why it leaves; None when it
+    neither takes pods nor is leaving (not Ready)."""
+    why = leaving(node)
+    budget = node_of(node) if why is None else None
+    if budget is None and why is None:
+        return None
+    return NodeState(node["metadata"]["name"], budget, why)
 
 
 def free_by_node(nodes: list[Node], uses: list[PodUse]) -> dict[str, dict[str, int]]:

@@ -28,6 +28,42 @@ NO_MEDIA_HOST = "media-urls-disabled.invalid"
 # Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 180
+# The longest the requests in flight on a pod that is going away are waited for (the Builtin
+# autoscaler's drain, the pod's preStop hook), and the grace period that leaves vLLM after
+# them to stop on SIGTERM. A pod that serves nothing, or that the operator drained itself, is
+# deleted with QUICK_GRACE_S instead: dead pods never wait out the drain limit.
+DRAIN_LIMIT_S = 120
+STOP_S = 30
+QUICK_GRACE_S = 10
+ENDPOINTS_LAG_S = 2  # for the endpoints and kube-proxy to stop sending a pod new requests
+POD_IP_ENV = "VLM_POD_IP"  # the preStop hook reads the pod's own /metrics there
+# preStop: the pod's requests finish before SIGTERM (vLLM stops at once on it). It returns at
+# once when /health fails (a dead or hung engine serves nothing), else waits ENDPOINTS_LAG_S
+# and then until vllm:num_requests_running + waiting read 0 (an unreadable /metrics is not
+# zero), at most DRAIN_LIMIT_S in all. Standard library only: every vLLM image has python3.
+PRESTOP_SCRIPT = f"""\
+import os, time, urllib.request
+host = os.environ.get("{POD_IP_ENV}") or "127.0.0.1"
+base = "http://%s:{PORT}" % ("[%s]" % host if ":" in host else host)
+end = time.monotonic() + {DRAIN_LIMIT_S}
+def get(path, timeout):
+    with urllib.request.urlopen(base + path, timeout=timeout) as rsp:
+        return rsp.read(1 << 22).decode("utf-8", "replace")
+def idle():
+    try:
+        page = get("/metrics", 5)
+        return sum(float(line.split()[-1]) for line in page.splitlines() if line.startswith(
+            ("vllm:num_requests_running", "vllm:num_requests_waiting"))) == 0
+    except Exception:
+        return False
+try:
+    get("/health", 2)
+except Exception:
+    raise SystemExit(0)
+time.sleep({ENDPOINTS_LAG_S})
+while time.monotonic() < end and not idle():
+    time.sleep(1)
+"""
 
 
 def get_selector_labels(name: str) -> dict[str, str]:
@@ -145,6 +181,7 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
         {"name": POOL_SIZE_ENV, "value": str(vlmd.pool_size)},
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
+        {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     if get_media_domains(vlmd) is not None:  # a redirect would leave the allowed hosts
         env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
@@ -213,6 +250,7 @@ def get_container(vlmd: VLMDeployment) -> dict:
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", PRESTOP_SCRIPT]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -227,7 +265,7 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
     pod_spec: dict[str, Any] = {
         "containers": [get_container(vlmd)],
         "volumes": _volumes(vlmd),
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": DRAIN_LIMIT_S + STOP_S,
         "enableServiceLinks": False,
         # vLLM never calls the Kubernetes API: a mounted token would only be there to steal.
         "automountServiceAccountToken": False,
@@ -298,16 +336,24 @@ def get_service(vlmd: VLMDeployment) -> dict:
     }
 
 
-def get_pdb(vlmd: VLMDeployment, api_version: str = "policy/v1") -> dict:
-    """The PodDisruptionBudget; clusters older than 1.21 only serve policy/v1beta1."""
+def get_pdb(vlmd: VLMDeployment, api_version: str = "policy/v1",
+            unhealthy_pod_eviction: bool = False) -> dict:
+    """The PodDisruptionBudget; clusters older than 1.21 only serve policy/v1beta1.
+
+    `unhealthy_pod_eviction`: the apiserver's schema has spec.unhealthyPodEvictionPolicy
+    (Kubernetes 1.26+; older ones refuse the unknown field): AlwaysAllow, so a pod that serves
+    nothing (not ready) never holds up a node drain."""
+    spec: dict[str, Any] = {
+        "minAvailable": vlmd.spec["health"]["minAvailable"],
+        "selector": {"matchLabels": get_selector_labels(vlmd.name)},
+    }
+    if unhealthy_pod_eviction and api_version == "policy/v1":
+        spec["unhealthyPodEvictionPolicy"] = "AlwaysAllow"
     return {
         "apiVersion": api_version,
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(vlmd, vlmd.name),
-        "spec": {
-            "minAvailable": vlmd.spec["health"]["minAvailable"],
-            "selector": {"matchLabels": get_selector_labels(vlmd.name)},
-        },
+        "spec": spec,
     }
 
 
@@ -328,15 +374,16 @@ def get_pvc(vlmd: VLMDeployment) -> dict | None:
 
 def get_children(vlmd: VLMDeployment, pdb_api_version: str = "policy/v1",
                  hpa_api_version: str = "autoscaling/v2", keda: bool = True,
-                 surge: int = 0, prometheus_address: str | None = None) -> list[dict]:
+                 surge: int = 0, prometheus_address: str | None = None,
+                 unhealthy_pod_eviction: bool = False) -> list[dict]:
     """Every object the VLMDeployment owns, in the order they should be applied.
 
     `keda`: whether the cluster serves ScaledObjects (without, KEDA mode adds none); `surge`:
     see get_deployment; `prometheus_address`: the Prometheus a ScaledObject queries
-    (policy.prometheus_address).
+    (policy.prometheus_address); `unhealthy_pod_eviction`: see get_pdb.
     """
     pvc = get_pvc(vlmd)
     scaling = autoscaling_builders.get_autoscaling_children(
         vlmd, _metadata(vlmd, vlmd.name), hpa_api_version, keda, prometheus_address)
     return [*([pvc] if pvc else []), get_deployment(vlmd, surge), get_service(vlmd),
-            get_pdb(vlmd, pdb_api_version), *scaling]
+            get_pdb(vlmd, pdb_api_version, unhealthy_pod_eviction), *scaling]

@@ -1,8 +1,10 @@
 """Watch-fed caches (informer-style) of what the operator reads across the cluster.
 
 - Nodes, as the GPU budget sees them (autoscaling.Node: readiness, labels, taints, extended
-  resources), and the pods bound to them that hold extended resources such as GPUs
-  (autoscaling.PodUse): the Builtin autoscaler's budget, read every round.
+  resources) and whether they are leaving (a drain, the cluster autoscaler, Karpenter), and
+  the pods bound to them that hold extended resources such as GPUs (autoscaling.PodUse): the
+  GPU budget of the Builtin autoscaler and of surge replacements, and the node drains every
+  round looks for.
 - The managed vLLM pods, for every VLMDeployment's once-a-second round (rounds.py).
 
 Each cache is one paged LIST, then a WATCH from the list's resourceVersion, which the apiserver
@@ -273,7 +275,7 @@ class ClusterCache:
             return informer
 
     def _nodes(self) -> Informer:
-        return self._informer("nodes", "/api/v1/nodes", autoscaling.node_of)
+        return self._informer("nodes", "/api/v1/nodes", autoscaling.node_state)
 
     def _gpu_pods(self) -> Informer:
         return self._informer("gpu-pods", "/api/v1/pods", autoscaling.pod_use,
@@ -286,8 +288,13 @@ class ClusterCache:
 
     def budget(self) -> tuple[list[autoscaling.Node], dict[str, dict[str, int]]]:
         """Schedulable nodes and the extended resources free on each; raises Stale."""
-        nodes = self._nodes().values()
+        nodes = [state.budget for state in self._nodes().values() if state.budget is not None]
         return nodes, autoscaling.free_by_node(nodes, self._gpu_pods().values())
+
+    def leaving_nodes(self) -> dict[str, str]:
+        """Nodes about to go (autoscaling.leaving) -> why; raises Stale."""
+        return {state.name: state.leaving for state in self._nodes().values()
+                if state.leaving is not None}
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         """Managed pods of `namespace` matching an equality `selector` whose owner chain leads

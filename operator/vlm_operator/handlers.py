@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import crd
+from vlm_operator.logfollow import LOG_MARK
 from vlm_operator.metrics import RECONCILES
 from vlm_operator.reconciler import owner_name
 
@@ -91,20 +94,37 @@ def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, event: dict,
         reconcile(memo, namespace, owner, retry=False)
 
 
-def _news(seen: dict[str, str], event: dict) -> bool:
+def _news(seen: dict[str, tuple[str, bytes, str | None]], event: dict) -> bool:
     """Whether an event says something not seen yet. kopf lists afresh whenever it reopens a
     watch (every 5 minutes, and after 70 s without events where the apiserver sends no
     bookmarks) and hands every listed object over again: with 200 VLMDeployments that was
-    some 8 reconciles/s of nothing (bench/results/scale.md). `seen`: uid -> resourceVersion."""
-    meta = (event.get("object") or {}).get("metadata") or {}
+    some 8 reconciles/s of nothing (bench/results/scale.md). A new version that only moved a
+    pod's log resume mark (logfollow.LOG_MARK, written by the operator itself every few
+    minutes) is no news either. `seen`: uid -> (resourceVersion, digest of the rest, mark)."""
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
     uid, version = meta.get("uid"), meta.get("resourceVersion")
     if event.get("type") == "DELETED":
         seen.pop(uid, None)
         return True
     if not uid or not version:
         return True
-    if seen.get(uid) == version:
+    old = seen.get(uid)
+    if old is not None and old[0] == version:
         return False
-    seen[uid] = version
-    return True
+    digest, mark = _digest(obj), (meta.get("annotations") or {}).get(LOG_MARK)
+    seen[uid] = (version, digest, mark)
+    return old is None or old[1] != digest or old[2] == mark
+
+
+def _digest(obj: dict) -> bytes:
+    """The object less what changes without news: its version, managedFields, the log mark."""
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("resourceVersion", None)
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if isinstance(annotations, dict) and LOG_MARK in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LOG_MARK}
+    text = json.dumps({**obj, "metadata": meta}, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 

@@ -128,15 +128,35 @@ def restarts_in_hour(history: Iterable[float], now: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """An action that takes more than one step: what a fresh operator needs to finish it."""
+    """An action that takes more than one step: what a fresh operator needs to finish it.
 
-    action: str  # SCALE_DOWN (drain, delete, lower replicas) | REPLACE (surge, delete)
+    A Replace runs one extra Deployment replica (`surge`) until its pod can go. Its replacement
+    is identified from the cluster, never from memory: the earliest-created pod of the
+    VLMDeployment that was not among its pods when the surge began (their uids are `before`)
+    and that no other action claimed; once seen, its uid is written into `replacement`. A Replace
+    for a pod on a node that is leaving (a drain, a node the cluster autoscaler or Karpenter
+    removes) starts without a surge while no GPU is free elsewhere (`surge` False), and lets the
+    pod go `node_since` + the node drain wait later whatever happened by then."""
+
+    action: str  # SCALE_DOWN (drain, delete, lower replicas) | REPLACE (surge, drain, delete)
     pod: str
     uid: str
-    signature: str
+    signature: str  # what it acts on: a failure signature, or NODE_DRAIN
     incident: float  # the newest detection it acts on (later ones are a new incident)
-    since: float  # when it started
+    since: float  # when it started (a Replace: when its surge began)
     replicas: int  # spec.replicas when it started: lowered only if still this value
+    surge: bool = True  # Replace: an extra Deployment replica runs for it
+    before: tuple[str, ...] = ()  # Replace: uids of the VLMDeployment's pods at the surge
+    replacement: str = ""  # Replace: uid of the replacement pod, once seen
+    tried: bool = False  # Replace: a surge for it was given up (a node drain then only waits)
+    drain_since: float | None = None  # Replace: when the pod was taken out of the Service
+    node: str = ""  # the pod's node, once seen leaving
+    node_since: float | None = None  # when the pod's node was first seen leaving
+
+
+NODE_DRAIN = "node_drain"  # InFlight.signature of a Replace its node's drain asked for
+_OPTIONAL = {"surge": True, "before": (), "replacement": "", "tried": False,
+             "drain_since": None, "node": "", "node_since": None}
 
 
 def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight]:
@@ -149,10 +169,18 @@ def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight
     out = {}
     for uid, entry in (data.items() if isinstance(data, dict) else ()):
         try:
-            record = InFlight(str(entry["action"]), str(entry["pod"]), str(uid),
-                              str(entry.get("signature", "")), float(entry["incident"]),
-                              float(entry["since"]), int(entry["replicas"]))
-        except (KeyError, TypeError, ValueError):
+            drain_since, node_since = entry.get("drain_since"), entry.get("node_since")
+            record = InFlight(
+                str(entry["action"]), str(entry["pod"]), str(uid),
+                str(entry.get("signature", "")), float(entry["incident"]),
+                float(entry["since"]), int(entry["replicas"]),
+                bool(entry.get("surge", True)),
+                tuple(str(u) for u in entry.get("before") or ()),
+                str(entry.get("replacement") or ""), bool(entry.get("tried", False)),
+                None if drain_since is None else float(drain_since),
+                str(entry.get("node") or ""),
+                None if node_since is None else float(node_since))
+        except (KeyError, TypeError, ValueError, AttributeError):
             continue
         if record.action in (REPLACE, SCALE_DOWN):
             out[uid] = record
@@ -160,16 +188,57 @@ def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight
 
 
 def in_flight_value(records: Mapping[str, InFlight]) -> str | None:
-    """The annotation value for these records; None removes the annotation."""
+    """The annotation value for these records (fields at their defaults left out); None
+    removes the annotation."""
     if not records:
         return None
-    return json.dumps({uid: {k: v for k, v in asdict(r).items() if k != "uid"}
+    return json.dumps({uid: {k: list(v) if isinstance(v, tuple) else v
+                             for k, v in asdict(r).items()
+                             if k != "uid" and (k not in _OPTIONAL or v != _OPTIONAL[k])}
                        for uid, r in sorted(records.items())}, sort_keys=True)
 
 
 def surge(annotations: Mapping[str, str] | None) -> int:
     """Extra Deployment replicas while replacements are brought up."""
-    return sum(1 for r in parse_in_flight(annotations).values() if r.action == REPLACE)
+    return sum(1 for r in parse_in_flight(annotations).values()
+               if r.action == REPLACE and r.surge)
+
+
+def _created(pod: Mapping) -> str:
+    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
+
+
+def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> dict[str, str]:
+    """The replacement pod (uid) of each Replace with a surge, where one exists: the claimed
+    pod while it exists, else the earliest-created pod not among the VLMDeployment's pods when
+    its surge began and not claimed by another (older Replaces choose first). A claimed pod that
+    is gone (a scale-down by another writer, an eviction) frees its Replace to claim the next
+    new pod the ReplicaSet makes."""
+    live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+    surging = sorted(((uid, r) for uid, r in records.items() if r.action == REPLACE and r.surge),
+                     key=lambda item: (item[1].since, item[0]))
+    out = {uid: r.replacement for uid, r in surging if r.replacement in live}
+    taken = set(out.values()) | set(records)
+    for uid, record in surging:
+        if uid in out:
+            continue
+        new = sorted((p for u, p in live.items() if u not in record.before and u not in taken),
+                     key=lambda p: (_created(p), p["metadata"].get("name", "")))
+        if new:
+            out[uid] = new[0]["metadata"]["uid"]
+            taken.add(out[uid])
+    return out
+
+
+def pending_claims(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> int:
+    """GPUs the VLMDeployment is about to take that no node shows as used yet: its pods not
+    bound to a node, and the surges whose replacement pod the ReplicaSet has not made yet."""
+    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    unbound = sum(1 for p in pods if not (p.get("spec") or {}).get("nodeName"))
+    found = replacements(records, pods)
+    waiting = sum(1 for uid, r in records.items()
+                  if r.action == REPLACE and r.surge and uid not in found)
+    return unbound + waiting
 
 
 def acted_until(uid: str, annotations: Mapping[str, str] | None) -> float | None:

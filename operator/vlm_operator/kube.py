@@ -104,6 +104,12 @@ def call(api: client.ApiClient, method: str, url: str, header_params=None, body=
     return response
 
 
+def schema_has(openapi_v3: dict, definition: str, field: str) -> bool:
+    """Whether an OpenAPI v3 document defines `field` on the schema `definition`."""
+    schemas = (openapi_v3.get("components") or {}).get("schemas") or {}
+    return field in ((schemas.get(definition) or {}).get("properties") or {})
+
+
 class ApiClient(client.ApiClient):
     """kubernetes' ApiClient for the operator's own calls outside Kube (the generated API
     classes, log streams): a deadline for every call that brings none, and no answer raised as
@@ -231,6 +237,20 @@ class Kube:
             else "policy/v1beta1"
 
     @cached_property
+    def pdb_unhealthy_pod_eviction(self) -> bool:
+        """Whether the apiserver's PodDisruptionBudget schema has unhealthyPodEvictionPolicy
+        (Kubernetes 1.26+), read from its OpenAPI v3 document of policy/v1 (older apiservers
+        serve none, or one without the field)."""
+        try:
+            doc = self._call("GET", "/openapi/v3/apis/policy/v1")
+        except ApiException as exc:
+            if exc.status in (403, 404, 503):
+                return False
+            raise
+        return schema_has(doc, "io.k8s.api.policy.v1.PodDisruptionBudgetSpec",
+                          "unhealthyPodEvictionPolicy")
+
+    @cached_property
     def hpa_api_version(self) -> str:
         """autoscaling/v2 where served (Kubernetes 1.23+), else autoscaling/v2beta2."""
         versions = self._call("GET", "/apis/autoscaling").get("versions", [])
@@ -254,10 +274,13 @@ class Kube:
         return cached[0]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str,
-               uid: str | None = None) -> bool:
-        """Delete an object (only the one with `uid` when given); False when it did not exist
+               uid: str | None = None, grace_s: int | None = None) -> bool:
+        """Delete an object (only the one with `uid` when given; a pod with `grace_s` seconds
+        to stop instead of its own terminationGracePeriodSeconds); False when it did not exist
         (or was replaced by another of the same name)."""
-        body = {"preconditions": {"uid": uid}} if uid else None
+        body: dict | None = {"preconditions": {"uid": uid}} if uid else None
+        if grace_s is not None:
+            body = {**(body or {}), "gracePeriodSeconds": int(grace_s)}
         try:
             self._call("DELETE", object_path(api_version, kind, namespace, name), body=body)
         except ApiException as exc:

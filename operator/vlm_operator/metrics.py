@@ -65,6 +65,17 @@ LOG_LINES_DEDUPLICATED = Counter("vlm_operator_log_lines_deduplicated_total",
 LOG_RECONNECTS = Counter("vlm_operator_log_streams_ended_total",
                          "Follow streams that ended (container exit, timeout, dropped "
                          "connection) and were reopened.")
+LOG_LINE_ERRORS = Counter("vlm_operator_log_line_errors_total",
+                          "Log lines whose handling failed, by stage (scan: the matcher; "
+                          "detect: acting on a detection); each kind is logged at most once a "
+                          "minute.", ["stage"])
+LOG_PREVIOUS_UNREADABLE = Counter("vlm_operator_log_previous_unreadable_total",
+                                  "Previous-container logs that could not be read (the kubelet "
+                                  "lost the container, e.g. after a node restart) and were "
+                                  "skipped to follow the current container.")
+LOG_MARKS = Counter("vlm_operator_log_marks_total",
+                    "Resume marks written to followed pods (the last log line handled), by "
+                    "result (written, error).", ["result"])
 
 # Robustness: the operator's own API calls, its watch-fed caches and its watchdog.
 API_REQUESTS = Counter("vlm_operator_api_requests_total",

@@ -172,7 +172,8 @@ class Reconciler:
         failures, foreign = [], []
         address = policy.prometheus_address(vlmd.spec, self.rules or policy.Policy())
         for child in builders.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
-                                           surge, address):
+                                           surge, address,
+                                           self.kube.pdb_unhealthy_pod_eviction):
             kind, child_name = child["kind"], child["metadata"]["name"]
             try:
                 before = self.kube.get(child["apiVersion"], kind, vlmd.namespace, child_name)

@@ -10,8 +10,12 @@ evidence, not proof: see signatures.py), the pod's back-off after a failed attem
 VLMDeployment's restart budget, and minAvailable. minAvailable only protects capacity: removing
 a pod that serves nothing (engine dead, not ready) never lowers it, so a single dead replica, or
 every replica dead at once, is restarted. When the pod still serves and removing it would break
-minAvailable, it is replaced instead: one extra replica is surged (if a GPU is free), and the
-sick pod goes once the replacement is ready.
+minAvailable, it is replaced instead: one extra replica is surged (if a GPU is free once the
+VLMDeployment's pending claims took theirs), and the sick pod is drained and deleted once the
+replacement is ready. A pod an action is already removing is not counted as capacity.
+
+Node drains (node_drain_action): a pod on a node that is leaving whose eviction minAvailable
+refuses gets a Replace of its own, or waits for capacity at most the node drain wait, then goes.
 
 Held-back incidents stay open and are decided again when the blocking condition may have changed
 (pod events, spec changes, a short timer), until acted on, gone or older than their window.
@@ -19,7 +23,10 @@ Held-back incidents stay open and are decided again when the blocking condition 
 Pods with the tokenizer pool's startup line missing get their own condition, `Unpatched`, not
 `Degraded`: an unpatched engine still serves (it may log retries or answer some requests with
 400), while Degraded is kept for "the operator cannot keep this healthy" (restart budget spent,
-crash loops).
+crash loops). A pod whose log the operator cannot read (no line with vLLM's header by the time
+the startup line would be due, or a logging prefix it cannot know) is reported with
+`LogDetectionOff` instead: a missing line there says nothing about the plugin, and log-based
+detection (engine death, tokenizer retries) is off for that pod.
 """
 
 from __future__ import annotations
@@ -29,7 +36,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vlm_operator import builders
-from vlm_operator.incidents import REPLACE, SCALE_DOWN, Incident, InFlight, restarts_in_hour
+from vlm_operator.incidents import (
+    NODE_DRAIN,
+    REPLACE,
+    SCALE_DOWN,
+    Incident,
+    InFlight,
+    restarts_in_hour,
+)
 from vlm_operator.spec import with_defaults
 from vlm_operator.status import Report
 
@@ -38,7 +52,7 @@ ACTIONS = (RESTART, SCALE_DOWN, REPLACE)
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 UNPATCHED_GRACE_S = 60.0
-DRAIN_MIN_S = 2.0  # time for the endpoints controllers to drop a pod taken out of service
+DRAIN_MIN_S = float(builders.ENDPOINTS_LAG_S)  # for the endpoints to drop a pod taken out
 DRAIN_TIMEOUT_S = 60.0
 # A replacement gets as long as the startup probe gives a model load (builders.py), plus the
 # time to schedule it: after that the surge is given up and the incident held.
@@ -53,6 +67,8 @@ SIGNATURE_POLICY = {
     "engine_stalled": "engineStalled",  # from stall_watch.py, not from the log
     "api_unresponsive": "apiUnresponsive",
 }
+# Signals stall_watch.py finds, not the log (a log replay never refills their windows).
+NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
 # Signals that prove the pod serves nothing, whatever its readiness says.
 NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
 INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
@@ -131,8 +147,15 @@ class PodView:
     in_flight: bool = False  # an action on it (drain, replacement) is under way
 
     @property
+    def serves(self) -> bool:
+        """It may hold requests: ready, not going away, its engine alive (in the Service or
+        taken out of it to drain: requests already sent still finish there)."""
+        return self.ready and not self.deleting and not self.engine_dead
+
+    @property
     def capacity(self) -> bool:
-        return self.ready and not self.deleting and self.in_service and not self.engine_dead
+        """It serves and takes new requests (the Service selects it)."""
+        return self.serves and self.in_service
 
 
 def _ready_condition(pod: Mapping) -> Mapping:
@@ -168,6 +191,13 @@ class Decision:
         return self.reason in HOLDING
 
 
+def others_ready(pods: Iterable[PodView], pod: str) -> int:
+    """Pods other than `pod` that take requests and stay: one an action in flight is about to
+    remove (a Replace's sick pod, a drain) is not counted, so its replacement is not taken for
+    spare capacity by another removal."""
+    return sum(1 for p in pods if p.capacity and not p.in_flight and p.name != pod)
+
+
 def needs_replacement(pods: Iterable[PodView], pod: str, policy: Policy,
                       signature: str = "") -> bool:
     """Removing `pod` would take ready capacity below minAvailable: it serves, and too few
@@ -177,8 +207,7 @@ def needs_replacement(pods: Iterable[PodView], pod: str, policy: Policy,
     target = next((p for p in views if p.name == pod), None)
     if target is None or not target.capacity or signature in NOT_SERVING:
         return False
-    others = sum(1 for p in views if p.capacity and p.name != pod)
-    return others < policy.min_available
+    return others_ready(views, pod) < policy.min_available
 
 
 def decide(*, incident: Incident, rule: Rule, now: float, pods: Iterable[PodView],
@@ -223,7 +252,7 @@ def decide(*, incident: Incident, rule: Rule, now: float, pods: Iterable[PodView
     what = (f"{signature} on {pod}: {incident.detail}" if incident.detail else
             f"{count} {signature} in {rule.window_s:g} s on {pod} (threshold {rule.threshold})")
     if needs_replacement(views, pod, policy, signature):
-        others = sum(1 for p in views if p.capacity and p.name != pod)
+        others = others_ready(views, pod)
         if spare_gpus:
             return Decision(REPLACE, "act", f"{what}: Replace (it still serves and only "
                             f"{others} other pods are ready, spec.health.minAvailable="
@@ -244,16 +273,21 @@ def scale_down_replicas(current: int, min_available: int) -> int | None:
 # ---------------------------------------------------------------- actions in flight
 
 WAIT, DELETE, FINISH, GIVE_UP = "wait", "delete", "finish", "give_up"
+SURGE, TAKE_OUT, LET_GO, ABANDON, DROP = "surge", "take_out", "let_go", "abandon", "drop"
+# A replacement no node takes for this long: the surge is given up.
+UNSCHEDULABLE_S = 60.0
+# How long a drain of a node (kubectl drain, the cluster autoscaler, Karpenter) is held for a
+# pod minAvailable protects while no GPU is free elsewhere for its replacement; then the pod is
+# drained and deleted, so no drain waits for ever (`vlm-operator run --node-drain-wait-seconds`).
+NODE_DRAIN_WAIT_S = 600.0
 
 
-def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
-                    now: float, timeout_s: float = DRAIN_TIMEOUT_S,
-                    min_drain_s: float = DRAIN_MIN_S) -> str:
-    """The next step of a ScaleDown: wait for the drain, delete the pod, or (pod gone) lower
-    the replicas and finish. running: requests in flight; None when /metrics could not be read,
-    which is waited out like a busy pod (unknown is not zero) until the drain limit."""
-    if not present:
-        return FINISH
+def drain_step(*, serving: bool, running: float | None, since: float, now: float,
+               timeout_s: float = DRAIN_TIMEOUT_S, min_drain_s: float = DRAIN_MIN_S) -> str:
+    """A pod out of the Service since `since`: DELETE once its requests finished, or it serves
+    nothing, or the drain limit passed; else WAIT. running: requests in flight; None when
+    /metrics could not be read, which is waited out like a busy pod (unknown is not zero). The
+    first min_drain_s always pass: the endpoints must drop the pod before it counts as idle."""
     if now - since < min_drain_s:
         return WAIT
     if not serving or running == 0 or now - since >= timeout_s:
@@ -261,17 +295,103 @@ def scale_down_step(*, present: bool, serving: bool, running: float | None, sinc
     return WAIT
 
 
-def replace_step(*, present: bool, serves: bool, others_ready: int, min_available: int,
-                 since: float, now: float, timeout_s: float = REPLACE_TIMEOUT_S) -> str:
-    """The next step of a Replace: wait for the replacement, delete the sick pod once the others
-    keep minAvailable (at once if it stopped serving), give up after timeout_s, or finish."""
+SETTLE_S = 30.0  # past a deleted pod's deadline, it is taken as gone (a node that vanished)
+
+
+def settled(pod: Mapping | None, now: float, settle_s: float = SETTLE_S) -> bool:
+    """Whether a deleted pod has left for good: gone from the cluster, or settle_s past the
+    deadline the kubelet had to stop it (deletionTimestamp). An action lowers the replica count
+    only then: while the pod is terminating, a ReplicaSet that has not seen its deletion yet
+    counts it, and lowering the count then can make it remove a pod that serves (with two Ready
+    pods it removes the one Ready the shortest: the replacement)."""
+    if pod is None:
+        return True
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return deadline is not None and now >= deadline + settle_s
+
+
+def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
+                    now: float, timeout_s: float = DRAIN_TIMEOUT_S,
+                    min_drain_s: float = DRAIN_MIN_S) -> str:
+    """The next step of a ScaleDown: wait for the drain, or delete the pod; FINISH (lower the
+    replicas) once it is gone (the caller waits until it has `settled`)."""
     if not present:
         return FINISH
-    if not serves or others_ready >= max(1, min_available):
+    return drain_step(serving=serving, running=running, since=since, now=now,
+                      timeout_s=timeout_s, min_drain_s=min_drain_s)
+
+
+def replace_step(*, record: InFlight, present: bool, serves: bool, running: float | None,
+                 others_ready: int, min_available: int, replacement_ready: bool,
+                 unschedulable_s: float, replicas: int, leaving: bool,
+                 spare_gpus: bool | None, now: float, timeout_s: float = REPLACE_TIMEOUT_S,
+                 drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                 node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
+                 min_drain_s: float = DRAIN_MIN_S) -> str:
+    """The next step of a Replace, from what the cluster shows now:
+
+    - the pod is gone: FINISH (the caller waits until it has `settled`);
+    - it is out of the Service (record.drain_since): drain_step (requests finish first);
+    - it serves nothing: DELETE (nothing to wait for);
+    - its node has been leaving for node_drain_wait_s: LET_GO (drain it, then delete);
+    - no surge yet (a node drain waiting for capacity): DROP when its node is no longer
+      leaving or the others now keep minAvailable (the eviction goes through by itself), SURGE
+      when a replica fits the free GPUs, else WAIT;
+    - the others (with the replacement, once ready) keep minAvailable: TAKE_OUT (drain first);
+    - spec.replicas went below the count it began with (HPA, KEDA, a user): ABANDON at once,
+      the ReplicaSet removes the newest, not-ready pod first, which is the replacement;
+    - the replacement is refused by the scheduler for UNSCHEDULABLE_S, or none is ready in
+      timeout_s: GIVE_UP;
+    - else WAIT.
+
+    running: the pod's requests in flight (None: unknown); replacement_ready: the replacement
+    pod serves; unschedulable_s: how long the scheduler has refused the replacement; replicas:
+    spec.replicas now; leaving: the pod's node is leaving now; spare_gpus: one more replica
+    fits the free GPUs (None: unknown), asked only before a surge."""
+    if not present:
+        return FINISH
+    if record.drain_since is not None:
+        return drain_step(serving=serves, running=running, since=record.drain_since, now=now,
+                          timeout_s=drain_timeout_s, min_drain_s=min_drain_s)
+    if not serves:
         return DELETE
-    if now - since >= timeout_s:
+    if record.node_since is not None and now - record.node_since >= node_drain_wait_s:
+        return LET_GO
+    protected = others_ready < max(1, min_available)
+    if not record.surge:
+        if not leaving or not protected:
+            return DROP
+        return SURGE if spare_gpus and not record.tried else WAIT
+    if not protected:
+        return TAKE_OUT
+    if replicas < record.replicas and not replacement_ready:
+        return ABANDON
+    if unschedulable_s >= UNSCHEDULABLE_S or now - record.since >= timeout_s:
         return GIVE_UP
     return WAIT
+
+
+def node_drain_action(pod: PodView, pods: Iterable[PodView], policy: Policy,
+                      always_allow: bool) -> str | None:
+    """What a pod on a leaving node needs from the operator, or None where its eviction goes
+    through by itself.
+
+    The PodDisruptionBudget (minAvailable ready pods) refuses the eviction of a ready pod when
+    the others ready are fewer than minAvailable, and, unless it allows the eviction of
+    unhealthy pods (unhealthyPodEvictionPolicy AlwaysAllow), of a pod that is not ready while
+    fewer than minAvailable are. REPLACE: the pod serves and minAvailable protects it: a
+    replacement comes up elsewhere first (or it waits for capacity, for a bounded time).
+    DELETE: it serves nothing and the budget would refuse its eviction: nothing is lost by
+    deleting it, and the drain goes on."""
+    views = list(pods)
+    if pod.deleting:
+        return None
+    ready = sum(1 for p in views if p.ready and not p.deleting)
+    if pod.serves and pod.in_service:
+        return REPLACE if needs_replacement(views, pod.name, policy) else None
+    if pod.ready:  # out of the Service: another action is draining it
+        return None
+    return DELETE if not always_allow and ready < policy.min_available else None
 
 
 def lowered_replicas(current: int, record: InFlight, min_available: int) -> int | None:
@@ -297,15 +417,30 @@ def budget_report(history: Iterable[float], now: float, policy: Policy) -> Repor
 
 
 def remediating_report(in_flight: Mapping[str, InFlight],
-                       held: Iterable[tuple[Incident, Decision]]) -> Report:
+                       held: Iterable[tuple[Incident, Decision]], now: float | None = None,
+                       node_drain_wait_s: float = NODE_DRAIN_WAIT_S) -> Report:
     """Remediating: True while an action is under way or an incident is held back (and why),
     so `kubectl describe` says what the operator is waiting for."""
     parts, reason = [], None
     for record in sorted(in_flight.values(), key=lambda r: r.pod):
-        if record.action == REPLACE:
+        why = (f"its node {record.node} is being drained" if record.signature == NODE_DRAIN
+               else record.signature)
+        if record.action == REPLACE and record.drain_since is not None:
+            reason = reason or "DrainingPod"
+            parts.append(f"draining {record.pod} ({why}) before removing it")
+        elif record.action == REPLACE and not record.surge:
+            reason = reason or "WaitingForCapacity"
+            left = ""
+            if now is not None and record.node_since is not None:
+                left = (f"; it is let go in "
+                        f"{max(0.0, record.node_since + node_drain_wait_s - now):.0f} s")
+            parts.append(f"{record.pod} keeps serving on leaving node {record.node} "
+                         f"(minAvailable protects it) while no GPU is free elsewhere for a "
+                         f"replacement{left}")
+        elif record.action == REPLACE:
             reason = reason or "ReplacingPod"
-            parts.append(f"replacing {record.pod} ({record.signature}): waiting for a "
-                         "replacement to become ready")
+            parts.append(f"replacing {record.pod} ({why}): waiting for a replacement to "
+                         "become ready")
         else:
             reason = reason or "DrainingPod"
             parts.append(f"draining {record.pod} ({record.signature}) before removing it")
@@ -321,11 +456,14 @@ def remediating_report(in_flight: Mapping[str, InFlight],
 # ---------------------------------------------------------------- pod status alone
 
 
+LOG_DETECTION_OFF = "LogDetectionOff"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """Something a pod's status (with what its log said) shows; reported with one Event."""
 
-    kind: str  # ExitedAfterEngineDeath | CrashLoopBackOff | Unpatched
+    kind: str  # ExitedAfterEngineDeath | CrashLoopBackOff | Unpatched | LogDetectionOff
     message: str
     key: str  # identity for "Event once"
 
@@ -336,10 +474,14 @@ def _container_status(pod: Mapping) -> Mapping:
 
 
 def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
-                 plugin: str | None, grace_s: float = UNPATCHED_GRACE_S) -> list[Finding]:
+                 plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
+                 log_off: str | None = None, log_unread: str | None = None,
+                 reading_since: float | None = 0.0) -> list[Finding]:
     """Findings from one pod. engine_dead_at: time of the last engine_dead incident its log
     showed; plugin: "active", "inactive: <reason>" or None (no startup line seen in the
-    current container)."""
+    current container); log_off: why its log cannot be read whatever it holds (None: it can);
+    log_unread: while no line with vLLM's header was seen in the current container, what the
+    log looks like (None: one was); reading_since: see unpatched_due."""
     name = (pod.get("metadata") or {}).get("name", "")
     cs = _container_status(pod)
     out = []
@@ -355,10 +497,16 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     if waiting == "CrashLoopBackOff":
         out.append(Finding("CrashLoopBackOff", f"{name}: the vllm container is crash-looping "
                            f"({cs.get('restartCount', 0)} restarts)", f"{name}/crashloop"))
-    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s)
+    due = unpatched_due(pod, plugin=plugin, grace_s=grace_s, reading_since=reading_since)
+    off = f"{name}/logoff/{cs.get('restartCount', 0)}"
     if plugin is not None and plugin.startswith("inactive"):
         out.append(Finding("Unpatched", f"{name}: tokenizer pool plugin {plugin}",
                            f"{name}/unpatched/{cs.get('restartCount', 0)}"))
+    elif log_off is not None:
+        out.append(Finding(LOG_DETECTION_OFF, f"{name}: log detection off: {log_off}", off))
+    elif due is not None and now > due and log_unread is not None:
+        out.append(Finding(LOG_DETECTION_OFF, f"{name}: log detection off: ready for "
+                           f"{now - due + grace_s:.0f} s and {log_unread}", off))
     elif due is not None and now > due:
         out.append(Finding("Unpatched", f"{name}: ready for {now - due + grace_s:.0f} s without "
                            "the tokenizer pool plugin's startup line",
@@ -366,14 +514,19 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     return out
 
 
-def unpatched_due(pod: Mapping, *, plugin: str | None,
-                  grace_s: float = UNPATCHED_GRACE_S) -> float | None:
-    """When a ready pod without the plugin's startup line becomes Unpatched (None: it cannot)."""
+def unpatched_due(pod: Mapping, *, plugin: str | None, grace_s: float = UNPATCHED_GRACE_S,
+                  reading_since: float | None = 0.0) -> float | None:
+    """When a ready pod without the plugin's startup line becomes Unpatched, or LogDetectionOff
+    if no line of its log could be read (None: it cannot yet). reading_since: when the
+    operator began reading the current container's log (None: not yet); the grace counts from
+    the later of that and readiness, so a fresh operator process never reports a long-ready
+    pod before it has read its log."""
     ready = _ready_condition(pod)
     since = parse_time(ready.get("lastTransitionTime"))
-    if plugin is not None or ready.get("status") != "True" or since is None:
+    if plugin is not None or ready.get("status") != "True" or since is None or \
+            reading_since is None:
         return None
-    return since + grace_s
+    return max(since, reading_since) + grace_s
 
 
 def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:
@@ -386,3 +539,19 @@ def unpatched_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | N
                       "pods without an active tokenizer pool: " + ", ".join(bad))
     return Report("Unpatched", "False", "AllPodsPatched",
                   "every pod logged the tokenizer pool's startup line or is within its grace")
+
+
+def log_detection_report(findings_by_pod: Mapping[str, list[Finding]]) -> Report | None:
+    """The LogDetectionOff condition over the pods seen so far (None: no pod seen): True names
+    the pods whose log the operator cannot read, and why."""
+    if not findings_by_pod:
+        return None
+    off = [f.message for _, fs in sorted(findings_by_pod.items()) for f in fs
+           if f.kind == LOG_DETECTION_OFF]
+    if off:
+        more = f"; and {len(off) - 3} more pods" if len(off) > 3 else ""
+        return Report(LOG_DETECTION_OFF, "True", "LogUnreadable",
+                      "engine death, tokenizer retries and the tokenizer pool's startup line "
+                      "cannot be read from the log of: " + "; ".join(off[:3]) + more)
+    return Report(LOG_DETECTION_OFF, "False", "LogsReadable",
+                  "every pod's log is read (or its pod is within the startup grace)")

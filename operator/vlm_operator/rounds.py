@@ -1,7 +1,9 @@
-"""One round per VLMDeployment every second (periodic.py): its pods listed once (from the
-watch-fed cache: no request), each pod's /metrics read once (scrape.Scraper: in parallel, each
-with a deadline, on workers shared fairly between namespaces), and the readings handed to
-podreads.py (reachability for status), stall detection and, in Builtin mode, the autoscaler.
+"""One round per VLMDeployment every second (periodic.py, on the active replica only): its
+pods listed once (from the watch-fed cache: no request), each pod's /metrics read once
+(scrape.Scraper: in parallel, each with a deadline, on workers shared fairly between
+namespaces), and the readings handed to podreads.py (reachability for status), stall detection
+and, in Builtin mode, the autoscaler; the remediator makes sure every action in flight has a
+driver and looks for node drains.
 
 A VLMDeployment with no pod has no round (`due`): nothing to read, nothing to decide, no
 round worker taken, unless its Builtin autoscaler has replicas to add (below minReplicas) or
@@ -9,12 +11,13 @@ the last round left state to clear."""
 
 from __future__ import annotations
 
-from vlm_operator import builders
+from vlm_operator import builders, incidents
 from vlm_operator.autoscaler import Autoscaler, is_builtin, metric_names
 from vlm_operator.autoscaling import policy_from_spec
 from vlm_operator.cluster_cache import ClusterCache
 from vlm_operator.logfollow import is_running
 from vlm_operator.podreads import PodReads
+from vlm_operator.remediator import Remediator
 from vlm_operator.scrape import Scraper
 from vlm_operator.spec import SpecError, parse
 from vlm_operator.stall_watch import StallWatch
@@ -23,9 +26,10 @@ from vlm_operator.stalls import PROGRESS_METRICS
 
 class Rounds:
     def __init__(self, cluster: ClusterCache, scraper: Scraper, stall_watch: StallWatch,
-                 autoscaler: Autoscaler, reads: PodReads) -> None:
+                 autoscaler: Autoscaler, reads: PodReads, remediator: Remediator) -> None:
         self.cluster, self.scraper, self.reads = cluster, scraper, reads
         self.stall_watch, self.autoscaler = stall_watch, autoscaler
+        self.remediator = remediator
 
     def due(self, body: dict) -> bool:
         """Whether the VLMDeployment's round has anything to do (body as for tick). No request:
@@ -36,6 +40,8 @@ class Rounds:
         if self.cluster.has_pods(namespace, name) is not False:
             return True
         if self.reads.tracks(namespace, name):  # pods went: one more round clears their state
+            return True
+        if incidents.parse_in_flight(meta.get("annotations")):  # an action to drive
             return True
         spec = body.get("spec") or {}
         if not is_builtin(spec):
@@ -52,9 +58,8 @@ class Rounds:
             vlmd = parse(body)
         except SpecError:
             return
-        pods = [p for p in self.cluster.list_pods(vlmd.namespace,
-                                                  builders.get_selector(vlmd.name))
-                if not p["metadata"].get("deletionTimestamp")]
+        listed = self.cluster.list_pods(vlmd.namespace, builders.get_selector(vlmd.name))
+        pods = [p for p in listed if not p["metadata"].get("deletionTimestamp")]
         builtin = is_builtin(vlmd.spec)
         names = {*PROGRESS_METRICS, *(metric_names(vlmd.spec) if builtin else ())}
         # every running container, ready or not: a hung API server fails its readiness probe
@@ -67,6 +72,7 @@ class Rounds:
             self.autoscaler.tick(body, pods, scrapes)
         else:
             self.autoscaler.forget(vlmd.namespace, vlmd.name)
+        self.remediator.round(body, listed)  # last: its API trouble fails only its part
 
     def forget(self, namespace: str, name: str) -> None:
         """The VLMDeployment is gone (or no longer this replica's)."""

@@ -175,7 +175,10 @@ def run(args: argparse.Namespace) -> int:
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
             memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
-            replica_fits=memo.autoscaler.replica_fits, heartbeats=heartbeats)
+            replica_fits=memo.autoscaler.replica_fits, leaving_nodes=memo.cluster.leaving_nodes,
+            node_drain_wait_s=args.node_drain_wait_seconds,
+            may_mark=peering.may_act if peering else None,
+            mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
         stall_watch = StallWatch(memo.logwatch.remediator, heartbeats)
         memo.reconciler.report_providers += [memo.logwatch.reports, stall_watch.reports]
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
@@ -183,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
         memo.reconciler.report_providers.append(reads.reports)
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        stall_watch, memo.autoscaler, reads)
+                        stall_watch, memo.autoscaler, reads, memo.logwatch.remediator)
 
         def forget(namespace: str, name: str) -> None:
             """The VLMDeployment is gone (or another shard's): its round state and series."""

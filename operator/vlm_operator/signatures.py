@@ -50,11 +50,25 @@ header of a finished traceback are treated as its continuation, but a forged lea
 can then open a new block. A component outside vLLM's logging that prints attacker-controlled
 text with raw newlines to the same stream could forge whole lines; treat `engine_dead` as a
 reason to check `/health`, not as proof.
+
+The tenant who owns a pod writes all of its log (their image, their model code) and can forge
+any line of it; what they must not do is hurt the shared operator. So every line costs bounded
+memory and time whatever it holds: a process name is at most 64 characters and a pid at most 10
+digits (a pid_max is at most 2^22; a longer one is no header, so a 5,000-digit "pid" is never
+converted to int), line numbers at most 9 digits, and a Scanner keeps the continuation and
+traceback state of at most MAX_PROCESSES processes, dropping the one silent for longest (a real
+vLLM container has far fewer: see MAX_PROCESSES). A dropped process only loses its pending
+continuation mark: its next line is read as a record start, which is what a forged line of
+that tenant's own log could do anyway. The logging prefix is the one the pod's spec declares,
+never learnt from the log (a prefix taken from text would let that text steer what is a
+header); `foreign_header` only says, for reporting, that lines look like vLLM's behind some
+other prefix.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,10 +90,28 @@ _ANSI = r"(?:\x1b\[[0-9;]*m)*"
 _K8S_TS = re.compile(
     r"(?P<k8s_time>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})) "
 )
-_PROC = _ANSI + r"\((?P<{n}>[A-Za-z_][\w.\-]*) pid=(?P<{p}>\d+)\)" + _ANSI + " "
+# Process names and pids are bounded (see the threat model): vLLM's names are short
+# (APIServer, EngineCore_DP0, VllmWorker-0, Worker_TP1) and Linux pids are at most 2^22.
+_PROC = (_ANSI + r"\((?P<{n}>[A-Za-z_][\w.\-]{{0,63}}) pid=(?P<{p}>\d{{1,10}})\)" + _ANSI
+         + " ")
 _PROC_ONLY = re.compile(_PROC.format(n="proc", p="pid"))
+_LEVEL_TIME_FILE = (
+    _ANSI + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)" + _ANSI + " "
+    + _ANSI + r"(?P<time>\d{2}-\d{2} \d{2}:\d{2}:\d{2})" + _ANSI + " "
+    + _ANSI + r"\[(?P<file>[^\]\s:]{1,255}\.py):(?P<lineno>\d{1,9})\]" + _ANSI + "(?: |$)"
+)
 TRACEBACK_START = "Traceback (most recent call last):"
 MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work per line)
+MAX_LOGGING_PREFIX = 64  # characters of VLLM_LOGGING_PREFIX (spec.py refuses longer ones)
+# Per-process state a Scanner keeps. One vLLM container runs one process per API server
+# (--api-server-count, at most the data-parallel size), one engine core per local data-parallel
+# rank and one worker per local GPU: at most about 8 + 8 + 16 on a 16-GPU node, plus the key of
+# headerless lines. 64 leaves room for processes that restart inside the container (a new pid
+# each); only the process silent for longest is ever dropped.
+MAX_PROCESSES = 64
+# How far into a line `foreign_header` looks for vLLM's header behind a prefix it was not told.
+_FOREIGN = re.compile(r"[^\r\n]{0," + str(MAX_LOGGING_PREFIX) + "}?(?:"
+                      + _PROC.format(n="proc", p="pid") + ")?" + _LEVEL_TIME_FILE)
 
 
 @lru_cache(maxsize=16)
@@ -90,10 +122,15 @@ def _header_re(logging_prefix: str) -> re.Pattern[str]:
         "(?:" + _PROC.format(n="proc", p="pid") + ")?"
         + re.escape(logging_prefix)
         + "(?:" + _PROC.format(n="proc2", p="pid2") + ")?"
-        + _ANSI + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)" + _ANSI + " "
-        + _ANSI + r"(?P<time>\d{2}-\d{2} \d{2}:\d{2}:\d{2})" + _ANSI + " "
-        + _ANSI + r"\[(?P<file>[^\]\s:]+\.py):(?P<lineno>\d+)\]" + _ANSI + "(?: |$)"
+        + _LEVEL_TIME_FILE
     )
+
+
+def foreign_header(message: str) -> bool:
+    """Whether a line that has no header under the expected prefix shows vLLM's header behind
+    some other text (VLLM_LOGGING_PREFIX set where the operator cannot see it, such as the
+    image's own ENV). For reporting only: what precedes the header is never used to match."""
+    return _FOREIGN.match(message) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +154,10 @@ class LogLine:
 
 def split_line(line: str, logging_prefix: str = "") -> LogLine:
     """Parse any line; headerless lines keep their k8s time and process prefix."""
+    return _split(line, _header_re(logging_prefix))
+
+
+def _split(line: str, header: re.Pattern[str]) -> LogLine:
     line = line.rstrip("\n")
     continued = line.endswith("\r")
     line = line.rstrip("\r")
@@ -125,7 +166,7 @@ def split_line(line: str, logging_prefix: str = "") -> LogLine:
     if m:
         k8s_time = m.group("k8s_time")
         line = line[m.end():]
-    h = _header_re(logging_prefix).match(line)
+    h = header.match(line)
     if h:
         proc = h.group("proc") or h.group("proc2")
         pid = h.group("pid") or h.group("pid2")
@@ -228,7 +269,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("plugin_active", "info", "record", (
         _p("active", r"vlm-tokenizer-pool active: vllm=(?P<vllm_version>\S+) "
                      r"pool_size=(?P<pool_size>\d+) patched=(?P<patched>\S*)",
-           files=("plugin.py",), levels=("INFO",)),
+           # WARNING where vLLM's logging level hides INFO (docs/contributing.md)
+           files=("plugin.py",), levels=("INFO", "WARNING")),
     )),
     Signature("plugin_inactive", "warning", "event", (
         _p("inactive", r"vlm-tokenizer-pool inactive: vllm=(?P<vllm_version>\S+) "
@@ -504,26 +546,49 @@ class _Block:
     chained_seen: bool = False
 
 
+@dataclass(slots=True)
+class _Proc:
+    """What a Scanner keeps about one process of the stream (its `(Proc pid=N)` tag)."""
+
+    cr: bool = False  # its last line ended with \r: its next line is a continuation
+    seen_cr: bool = False  # it ended some line with \r (the transport keeps them)
+    tainted: bool = False  # after a headerless exception line, until a header line
+    block: _Block | None = None
+
+
+FOREIGN_CHECK_LINES = 1000  # headerless lines looked at for a foreign prefix, per Scanner
+
+
 class Scanner:
     """Feed lines of one container's log in order; get detections with incident ids.
 
     `feed` returns every per-line detection (what `scan-logs` prints); detections of one
-    event share `incident`, and `new_incident` marks the first one, which is what to act on."""
+    event share `incident`, and `new_incident` marks the first one, which is what to act on.
+    State per process is kept for the MAX_PROCESSES processes heard from last, so memory is
+    bounded whatever the log holds. `headered` counts lines with vLLM's header (under the
+    prefix); `foreign` counts headerless lines that look like vLLM's behind another prefix
+    (checked only while no header was seen, for the first FOREIGN_CHECK_LINES of them)."""
 
     def __init__(self, extra: Iterable[Signature] = (), logging_prefix: str = "") -> None:
         self.signatures = (*SIGNATURES, *extra)
         self.logging_prefix = logging_prefix
-        self._cr: dict[tuple, bool] = {}
-        self._block: dict[tuple, _Block] = {}
-        self._tainted: dict[tuple, bool] = {}
-        self._seen_cr: set[tuple] = set()
+        self._header = _header_re(logging_prefix)
+        self._procs: OrderedDict[tuple, _Proc] = OrderedDict()
         self._last_incident: dict[str, tuple[int, float | None]] = {}
         self._incidents = 0
         self._now: float | None = None
+        self.headered = 0
+        self.foreign = 0
+        self._foreign_checked = 0
 
     @property
     def incidents(self) -> int:
         return self._incidents
+
+    @property
+    def processes(self) -> int:
+        """Processes whose state is kept (at most MAX_PROCESSES)."""
+        return len(self._procs)
 
     def _assign(self, det: Detection, prefer: int = 0) -> Detection:
         sig = next(s for s in self.signatures if s.name == det.signature)
@@ -538,61 +603,75 @@ class Scanner:
         self._last_incident[sig.name] = (self._incidents, self._now)
         return _with(det, self._incidents, True)
 
+    def _proc(self, key: tuple) -> _Proc:
+        proc = self._procs.get(key)
+        if proc is None:
+            proc = self._procs[key] = _Proc()
+            if len(self._procs) > MAX_PROCESSES:
+                self._procs.popitem(last=False)  # the process silent for longest
+        else:
+            self._procs.move_to_end(key)
+        return proc
+
     def feed(self, line: str) -> list[Detection]:
-        ln = split_line(line, self.logging_prefix)
-        key = (ln.proc, ln.pid)
-        continuation = self._cr.get(key, False)
-        self._cr[key] = ln.continued
+        ln = _split(line, self._header)
+        proc = self._proc((ln.proc, ln.pid))
+        continuation = proc.cr
+        proc.cr = ln.continued
         t = _seconds(ln)
         if t is not None:
             self._now = t
-        block = self._block.get(key)
+        block = proc.block
         if ln.headered:
-            self._tainted[key] = False
+            self.headered += 1
+            proc.tainted = False
             hk = (ln.level, ln.time, ln.file, ln.lineno)
             if ln.continued:
-                self._seen_cr.add(key)
+                proc.seen_cr = True
             same = block is not None and block.header == hk
-            if continuation or (same and key not in self._seen_cr and not (
+            if continuation or (same and not proc.seen_cr and not (
                     block.stage == "after" and self._is_lead(ln.message))):
                 # no-CR fallback: a stream stripped of \r (never seen for this process) groups
                 # a record by its identical header, with the weaker guarantee the docstring notes
                 if same:
-                    return self._advance(key, block, ln)
-                self._block.pop(key, None)
+                    return self._advance(proc, block, ln)
+                proc.block = None
                 return []
-            self._block.pop(key, None)
+            proc.block = None
             out = []
             det = _match_line(ln, self.signatures)
             if det is not None:
                 det = self._assign(det)
                 out.append(det)
             if self._is_lead(ln.message):
-                self._block[key] = _Block(hk, "lead", det.incident if det else 0,
-                                          det.signature if det else None)
+                proc.block = _Block(hk, "lead", det.incident if det else 0,
+                                    det.signature if det else None)
             return out
         # headerless
+        if not self.headered and not self.foreign and \
+                self._foreign_checked < FOREIGN_CHECK_LINES:
+            self._foreign_checked += 1
+            self.foreign += foreign_header(ln.message)
         if block is not None and block.header is None and block.stage != "after":
-            return self._advance(key, block, ln)
-        if (ln.message == TRACEBACK_START and not continuation
-                and not self._tainted.get(key, False)):
-            self._block[key] = _Block(None, "start")
+            return self._advance(proc, block, ln)
+        if ln.message == TRACEBACK_START and not continuation and not proc.tainted:
+            proc.block = _Block(None, "start")
             return []
         if block is not None and block.header is not None:
-            self._block.pop(key, None)
+            proc.block = None
         return []
 
     @staticmethod
     def _is_lead(message: str) -> bool:
         return message in TRACEBACK_LEADS or _LEAD_RE.match(message) is not None
 
-    def _advance(self, key: tuple, b: _Block, ln: LogLine) -> list[Detection]:
+    def _advance(self, proc: _Proc, b: _Block, ln: LogLine) -> list[Detection]:
         msg = ln.message
         if b.stage == "lead":
             if msg == TRACEBACK_START:
                 b.stage = "start"
             else:
-                self._block.pop(key, None)
+                proc.block = None
             return []
         if b.stage in ("start", "frames"):
             if msg.startswith('  File "'):
@@ -601,13 +680,13 @@ class Scanner:
             if msg.startswith(" ") and b.stage == "frames":
                 return []  # source line, caret markers, "[Previous line repeated ...]"
             if b.stage == "start" or not msg or msg[0].isspace():
-                self._block.pop(key, None)
+                proc.block = None
                 return []
             # the first exception line: its type is real; the rest of the record is not trusted
             b.stage = "after"
             headered = b.header is not None
             if not headered:
-                self._tainted[key] = True
+                proc.tainted = True
             det = _match_exception(ln, headered)
             if det is None:
                 return []

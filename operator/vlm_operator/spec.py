@@ -46,7 +46,13 @@ MANAGED_ENV = {
     "HF_HOME": "spec.modelCache.mountPath",
     "HOME": "the operator",
     "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "spec.vllm.allowedMediaDomains",
+    "VLM_POD_IP": "the operator (the preStop hook reads the pod's /metrics there)",
 }
+# vLLM's logging settings the operator's log reading depends on (vllm/envs.py, logger.py).
+LOGGING_PREFIX_ENV = "VLLM_LOGGING_PREFIX"
+LOGGING_ENV = (LOGGING_PREFIX_ENV, "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_LEVEL")
+LOGGING_CONFIG_ENV = "VLLM_LOGGING_CONFIG_PATH"
+LOG_LEVELS = ("NOTSET", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # The HorizontalPodAutoscaler API (and so KEDA's) refuses stabilization windows over an hour.
 HPA_MAX_WINDOW_S = 3600
 # spec.health policies whose action may be ScaleDown, as (field, path in the spec).
@@ -247,7 +253,48 @@ def _env_problems(env: Any) -> list[str]:
         if "value" in var and _SECRET_NAME.search(name):
             problems.append(f"{where}: {name} looks like a secret; take it from a Secret with "
                             "valueFrom.secretKeyRef instead of a literal value")
+        if name in LOGGING_ENV:
+            problems += _logging_env_problems(name, var, where)
     return problems
+
+
+def _logging_env_problems(name: str, var: dict, where: str) -> list[str]:
+    """vLLM logging settings that would leave the operator unable to read the log: engine
+    death, tokenizer retries and the tokenizer pool's startup line are read from lines with
+    vLLM's header (signatures.py), which these settings decide."""
+    if var.get("valueFrom") is not None:
+        return [f"{where}.valueFrom: {name} must be a literal value: the operator reads vLLM's "
+                "log with it and cannot know a value taken from a Secret, ConfigMap or field"]
+    value = var.get("value")
+    if not isinstance(value, str):
+        return []
+    if name == LOGGING_PREFIX_ENV:
+        if len(value) > signatures.MAX_LOGGING_PREFIX or not value.isprintable():
+            return [f"{where}.value: {name} must be at most {signatures.MAX_LOGGING_PREFIX} "
+                    "printable characters: it starts every vLLM log line and the operator "
+                    "matches it exactly"]
+        return []
+    if name == "VLLM_CONFIGURE_LOGGING":
+        try:
+            on = int(value)
+        except ValueError:
+            return [f"{where}.value: {name} must be 0 or 1, got {value!r} (vLLM reads it as an "
+                    "integer and does not start otherwise)"]
+        if not on:
+            return [f"{where}.value: {name}=0 leaves vLLM's logging unconfigured: its lines "
+                    "lose the header (level, time, source file) the operator reads engine "
+                    "deaths and tokenizer retries from, and INFO lines are dropped; leave it "
+                    "unset or 1"]
+        return []
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        return [f"{where}.value: {name} {value!r} is not a log level; one of "
+                f"{', '.join(LOG_LEVELS)} (vLLM does not start with another)"]
+    if LOG_LEVELS.index(level) > LOG_LEVELS.index("WARNING"):
+        return [f"{where}.value: {name}={level} hides the WARNING lines log-based remediation "
+                "acts on (tokenizer retries, the tokenizer pool's inactive line) and the pool's "
+                "startup line; use WARNING or lower"]
+    return []
 
 
 def _cache_problems(spec: dict) -> list[str]:
@@ -355,6 +402,14 @@ def _availability_problems(spec: dict) -> list[str]:
 
 def _warnings(spec: dict) -> list[str]:
     warnings = []
+    env = _section(spec, "vllm").get("env")
+    for i, var in enumerate(env if isinstance(env, list) else []):
+        if isinstance(var, dict) and var.get("name") == LOGGING_CONFIG_ENV:
+            warnings.append(
+                f"spec.vllm.env[{i}]: {LOGGING_CONFIG_ENV} replaces vLLM's log format; log-based "
+                "detection (engine death, tokenizer retries, the tokenizer pool's startup line) "
+                "reads only lines that keep vLLM's header, and pods whose lines it cannot read "
+                "are reported with LogDetectionOff=True")
     replicas = spec.get("replicas")
     cache_spec, scaling = _section(spec, "modelCache"), _section(spec, "autoscaling")
     high = scaling.get("maxReplicas") if scaling.get("enabled") else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -30,10 +31,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import builders, crd
+from vlm_operator import builders, crd, incidents
 from vlm_testbed import vllmsim
-from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.controlplane import kubectl_path, ready_namespace
 from vlm_testbed.firewall import OPERATOR_GID, Firewall
+from vlm_testbed.load import LoadClient
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -44,6 +46,9 @@ READY_TIMEOUT_S = 120.0
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
               "engineStalled": {"action": "Ignore"}, "apiUnresponsive": {"action": "Ignore"}}
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
+LOAD_RATE = 10.0  # requests a second through the Service in the rows under load
+DRAIN_WAIT_S = 10  # --node-drain-wait-seconds of the operator of the no-GPU drain row
+LOGGING_PREFIX = [{"name": "VLLM_LOGGING_PREFIX", "value": "[vllm] "}]
 
 Instance = tuple[str, int]  # (pod uid, container restart count)
 
@@ -239,6 +244,28 @@ class Bed:
     def fault(self, pod: Any, spec: dict | list) -> None:
         post(pod.status.pod_ip, "/sim/fault", spec)
 
+    def load(self, name: str) -> LoadClient:
+        """Steady load on the VLMDeployment's Service, as a client in the cluster sends it
+        (vlm_testbed.load); stopped when the row ends, its counts in `notes["load"]`."""
+        client_ = LoadClient.for_service(self.api, self.ns, name, rate=LOAD_RATE)
+        self._stack.callback(client_.stop)
+        return client_.start()
+
+    def drain(self, node: str, timeout_s: float = 120.0) -> subprocess.Popen:
+        """The real `kubectl drain` of a node, as an admin runs it before maintenance."""
+        kubectl = kubectl_path()
+        if kubectl is None:
+            raise AssertionError("kubectl is not built (python -m vlm_testbed.controlplane build)")
+        proc = subprocess.Popen([str(kubectl), "--kubeconfig", str(self.kubeconfig), "drain",
+                                 node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                 f"--timeout={timeout_s:.0f}s"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self._stack.callback(lambda: proc.poll() is None and proc.kill())
+        return proc
+
+    def in_flight(self, name: str) -> dict[str, incidents.InFlight]:
+        return incidents.parse_in_flight(self.get(name)["metadata"].get("annotations"))
+
     def secret(self, name: str, data: dict[str, str]) -> None:
         self.core.create_namespaced_secret(self.ns, client.V1Secret(
             metadata=client.V1ObjectMeta(name=name), string_data=data))
@@ -253,9 +280,11 @@ class Bed:
     def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
                until: Callable[[], bool] | None = None, timeout: float | None = None,
                settle: float = 2.0, before: dict[str, Instance] | None = None) -> Observed:
-        """Poll from the fault on: the fewest ready pods, when it served again (or `until`
-        held), then `settle` more seconds so late extra actions still show. `before`: the pods
-        at the fault (snapshot()), where the fault came earlier than this call."""
+        """Poll from the fault on: the fewest ready pods, when it served again and the
+        operator has no action left in flight (a replaced pod drains after its replacement
+        serves), or when `until` held, then `settle` more seconds so late extra actions still
+        show. `before`: the pods at the fault (snapshot()), where the fault came earlier than
+        this call."""
         seen = Observed(lowest_ready=replicas)
         before = self.snapshot(name) if before is None else before
         deadline = time.monotonic() + (timeout or self.limit_s)
@@ -269,7 +298,8 @@ class Bed:
                            and healthy(p.status.pod_ip)]
                 if len(serving) >= replicas:
                     seen.recovered_s = round(time.time() - start, 2)
-            if done_at is None and (until() if until else seen.recovered_s is not None):
+            if done_at is None and (until() if until else seen.recovered_s is not None
+                                    and not self.in_flight(name)):
                 done_at = time.monotonic()
             if done_at is not None and time.monotonic() - done_at >= settle:
                 break
@@ -301,12 +331,14 @@ class Row:
     must_not: str = ""  # rows about what must not happen: that, instead of a recovery time
 
 
-def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False):
-    """exit_code None: the engine dies and the process stays alive (keep-alive)."""
+def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False,
+                 env: list | None = None):
+    """exit_code None: the engine dies and the process stays alive (keep-alive); `env`: more
+    of spec.vllm.env (vLLM's logging settings)."""
     def run(bed: Bed, health: dict | None) -> Observed:
         bed.nodes(gpus_per_node=replicas + 1)
         bed.create("row", replicas=replicas, health=health,
-                   env=KEEP_ALIVE if exit_code is None else None)
+                   env=(KEEP_ALIVE if exit_code is None else []) + (env or []))
         pods = bed.wait_ready("row", replicas)
         hit = pods if hit_all else pods[:1]
         faulted = {instance(p) for p in hit}
@@ -554,18 +586,22 @@ HOSTILE_MODES = {
     "huge": lambda target: {"fault": "huge_metrics", "bytes": 100_000_000},
     "drip": lambda target: {"fault": "drip_headers", "interval": 0.5, "lines": 8},
 }
-# Faults every hostile pod gets on top of its HTTP mode: the place for log floods (the
-# stand-in's log modes), so the row covers what a tenant's pods log as well as what they serve.
-HOSTILE_LOG_FAULTS: list[dict] = []
+# Faults every hostile pod gets on top of its HTTP mode, so the row covers what a tenant's pods
+# log as well as what they serve: 50,000 lines from as many process tags (a matcher keeping
+# state per tag grew by 28.5 MB per 100,000) and 1,000 engine-failure lines with 5,000-digit
+# pids (a traceback each in the operator's log before).
+HOSTILE_LOG_FAULTS: list[dict] = [{"fault": "proc_flood", "lines": 50_000},
+                                  {"fault": "giant_pid", "lines": 1_000, "digits": 5_000}]
 
 
 def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     """One tenant's pods (another namespace, 2 replicas per mode) answer the operator as an
     attacker would: redirects to another address, 100 MB /metrics pages, headers drip-fed a
-    line every 0.5 s (HOSTILE_MODES, HOSTILE_LOG_FAULTS). Meanwhile this tenant's only replica
-    has its engine die: acted on as usual. Notes: the operator's peak RSS and CPU during the
-    row (from its own process metrics), the requests the redirects' target got, and what the
-    hostile VLMDeployments' status and metrics say."""
+    line every 0.5 s (HOSTILE_MODES), and log floods of distinct process tags and giant pids
+    (HOSTILE_LOG_FAULTS). Meanwhile this tenant's only replica has its engine die: acted on as
+    usual. Notes: the operator's peak RSS and CPU during the row (from its own process
+    metrics), the tracebacks it logged meanwhile, the requests the redirects' target got, and
+    what the hostile VLMDeployments' status and metrics say."""
     bed.nodes(gpus_per_node=2 * len(HOSTILE_MODES) + 2)
     hostile = bed.tenant("h")
     target = vllmsim.RecordingServer()
@@ -578,6 +614,7 @@ def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     pods = {mode: hostile.wait_ready(mode, 2) for mode in HOSTILE_MODES}
     (victim,) = bed.wait_ready("row", 1)
     usage = Usage(bed.watcher).start()
+    log_from = len(bed.watcher.log()) if bed.watcher is not None else 0
     for mode, mode_pods in pods.items():
         for pod in mode_pods:
             hostile.fault(pod, [HOSTILE_MODES[mode](target.url), *HOSTILE_LOG_FAULTS])
@@ -589,6 +626,8 @@ def hostile_tenant(bed: Bed, health: dict | None) -> Observed:
     seen = bed.follow("row", 1, {instance(victim)}, start)
     seen.notes.update(usage.stop())
     seen.notes["redirect_target_requests"] = list(target.requests)
+    seen.notes["tracebacks"] = (bed.watcher.log()[log_from:].count("Traceback")
+                                if bed.watcher is not None else None)
     seen.notes["hostile"] = {mode: {
         "readable": hostile.condition(mode, "PodsReadable"),
         "touched": sorted(uid for uid, inst in before[mode].items()
@@ -652,6 +691,25 @@ class Usage:
                 "cpu_percent_peak": round(100 * max(peaks, default=0.0), 1)}
 
 
+def previous_log_refused(bed: Bed, health: dict | None) -> Observed:
+    """A node restart lost the runtime's record of the only replica's container: the kubelet
+    reports it ContainerStatusUnknown and answers 400 for its log. The new container's engine
+    then dies (the process stays alive: only its log tells): the follower must have moved on
+    to the new container."""
+    sim = bed.nodes(gpus_per_node=2)
+    bed.create("row", replicas=1, health=health, env=KEEP_ALIVE)
+    (pod,) = bed.wait_ready("row", 1)
+    sim.lose_container(bed.ns, pod.metadata.name, builders.CONTAINER)
+    (pod,) = bed.wait("the container started again", lambda: [
+        p for p in bed.ready("row") if instance(p)[1] == 1 and healthy(p.status.pod_ip)])
+    bed.wait("the unreadable log reported", lambda: bed.events("row")["PreviousLogUnavailable"],
+             timeout=30)
+    faulted = {instance(pod)}
+    start = time.time()
+    bed.fault(pod, {"fault": "engine_dead"})
+    return bed.follow("row", 1, faulted, start)
+
+
 def existing_service(bed: Bed, health: dict | None) -> Observed:
     """Another app's Service already has the VLMDeployment's name: it is never changed (no
     selector rewritten, no owner added) nor deleted with the VLMDeployment; the VLMDeployment
@@ -678,6 +736,112 @@ def existing_service(bed: Bed, health: dict | None) -> Observed:
     seen.notes["service_owners"] = [r.kind for r in after.metadata.owner_references or []]
     seen.notes["service_selector"] = after.spec.selector
     return seen
+
+
+def storm_under_load(replicas: int, health: dict | None = None):
+    """A retry storm on one pod while steady load goes through the Service: a Replace (the
+    only replica, a GPU free) or a ScaleDown (1 of 2) must fail no request."""
+    def run(bed: Bed, row_health: dict | None) -> Observed:
+        bed.nodes(gpus_per_node=replicas + 1)
+        bed.create("row", replicas=replicas, health=merged(health, row_health))
+        pods = bed.wait_ready("row", replicas)
+        load = bed.load("row")
+        bed.wait("load on every pod", lambda: load.result()["endpoints_used"] >= replicas)
+        faulted = {instance(pods[0])}
+        start = time.time()
+        bed.fault(pods[0], {"fault": "tokenizer_retry", "rate": 20})
+        target = 1 if health else replicas  # a ScaleDown lowers the replicas
+        seen = bed.follow("row", target, faulted, start, until=lambda: not any(
+            p.metadata.uid == pods[0].metadata.uid for p in bed.pods("row")) and len(
+            bed.ready("row")) >= target, settle=3)
+        load.stop()
+        seen.notes["load"] = load.result()
+        seen.notes["replicas"] = bed.get("row")["spec"]["replicas"]
+        return seen
+    return run
+
+
+def storms_on_two_pods_one_gpu(bed: Bed, health: dict | None) -> Observed:
+    """2 replicas, minAvailable 2, one GPU free: retry storms on both pods at once. One surge
+    at a time: the second waits for capacity (held, the condition says so) and goes on once
+    the first replacement is done and its sick pod freed its GPU; each incident counted once
+    in the restart budget."""
+    bed.nodes(gpus_per_node=3)
+    bed.create("row", replicas=2, health=merged({"minAvailable": 2}, health))
+    pods = bed.wait_ready("row", 2)
+    faulted = {instance(p) for p in pods}
+    start = time.time()
+    for pod in pods:
+        bed.fault(pod, {"fault": "tokenizer_retry", "rate": 20})
+    surging, held = [0], []
+
+    def done() -> bool:
+        records = bed.in_flight("row")
+        surging[0] = max(surging[0], sum(1 for r in records.values() if r.surge))
+        remediating = bed.condition("row", "Remediating")
+        if "held back" in remediating.get("message", "") and not held:
+            held.append(remediating)
+        uids = {p.metadata.uid for p in bed.pods("row")}
+        return not any(p.metadata.uid in uids for p in pods)
+
+    seen = bed.follow("row", 2, faulted, start, until=done, timeout=150, settle=3)
+    body = bed.get("row")
+    seen.notes.update(most_surges_at_once=surging[0], held_condition=held[0] if held else None,
+                      budget_entries=len(incidents.parse_history(
+                          body["metadata"].get("annotations", {}).get(incidents.HISTORY))),
+                      in_flight_left=len(bed.in_flight("row")))
+    return seen
+
+
+def place_blocker(bed: Bed, node: str) -> None:
+    """A pod of another app holding the one GPU of `node`."""
+    bed.core.create_namespaced_pod(bed.ns, {"metadata": {"name": "other-app"}, "spec": {
+        "nodeName": node, "containers": [{
+            "name": "app", "image": "busybox", "command": ["sleep", "3600"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    bed.wait("the other app running", lambda: bed.core.read_namespaced_pod(
+        "other-app", bed.ns).status.phase == "Running")
+
+
+def node_drain(gpu_free: bool):
+    """`kubectl drain` of the node of the only replica (default spec: 1 replica, minAvailable
+    1), two nodes of one GPU each, steady load on the Service. With the other GPU free the
+    drain finishes with no serving gap (a replacement first); with it taken (another app) the
+    drain is held DRAIN_WAIT_S (the operator's --node-drain-wait-seconds here), then goes
+    through."""
+    def run(bed: Bed, health: dict | None) -> Observed:
+        if not gpu_free:
+            bed.operator("--standalone", "--node-drain-wait-seconds", str(DRAIN_WAIT_S))
+        sim = bed.nodes(gpus_per_node=1, nodes=2)
+        bed.create("row", replicas=1, health=health)
+        (pod,) = bed.wait_ready("row", 1)
+        node = pod.spec.node_name
+        if not gpu_free:
+            place_blocker(bed, next(n for n in sim.node_names if n != node))
+        load = bed.load("row")
+        bed.wait("load on the pod", lambda: load.result()["answered"] >= 5)
+        start = time.time()
+        drain = bed.drain(node)
+        held, finished = [], []
+
+        def drained() -> bool:
+            remediating = bed.condition("row", "Remediating")
+            if remediating.get("reason") == "WaitingForCapacity" and not held:
+                held.append(remediating)
+            if drain.poll() is not None and not finished:
+                finished.append(time.time())
+            return bool(finished)
+
+        seen = bed.follow("row", 1, {instance(pod)}, start, until=drained, timeout=150,
+                          settle=2)
+        load.stop()
+        output = drain.communicate()[0] if finished else ""
+        seen.notes.update(load=load.result(), drain_rc=drain.poll(),
+                          drain_s=round(finished[0] - start, 1) if finished else None,
+                          drain_output=output[-600:], held_condition=held[0] if held else None,
+                          in_flight_left=len(bed.in_flight("row")))
+        return seen
+    return run
 
 
 # The shortest stall detection the CRD allows, for rows that must outlast it.
@@ -776,6 +940,10 @@ ROWS = [
     Row("standby-takes-over", "active replica stopped mid-replacement, the standby finishes",
         standby_takes_over, probes=False, own_operator=True),
     Row("two-vlmds-at-once", "two VLMDeployments failing at once", two_at_once),
+    Row("engine-dead-logging-prefix", "engine death with VLLM_LOGGING_PREFIX set, exits 0, "
+        "1 replica", engine_death(1, 0, env=LOGGING_PREFIX)),
+    Row("previous-log-refused", "previous container's log refused (node restart), then the "
+        "new container's engine dies", previous_log_refused),
     Row("existing-service", "another app's Service has the VLMDeployment's name",
         existing_service, probes=False,
         must_not="the Service is never changed nor deleted with the VLMDeployment"),
@@ -787,6 +955,17 @@ ROWS = [
         must_not="nothing done to the pod; PodsReachable=False, an Event, metrics"),
     Row("hostile-tenant", "another tenant's pods serve redirects, 100 MB /metrics and "
         "drip-fed headers while the only replica's engine dies (exits 0)", hostile_tenant),
+    Row("drain-gpu-free", "kubectl drain of the only replica's node, a GPU free elsewhere, "
+        "under load", node_drain(gpu_free=True), probes=False),
+    Row("drain-no-gpu", "kubectl drain of the only replica's node, no GPU free anywhere",
+        node_drain(gpu_free=False), probes=False, own_operator=True,
+        must_not=f"held {DRAIN_WAIT_S} s (--node-drain-wait-seconds), then the drain finishes"),
+    Row("storms-two-pods-one-gpu", "retry storms on both of 2 pods, minAvailable 2, one GPU "
+        "free", storms_on_two_pods_one_gpu, probes=False),
+    Row("replace-under-load", "retry storm on the only replica (a GPU free), steady load",
+        storm_under_load(1), probes=False),
+    Row("scaledown-under-load", "retry storm on 1 of 2 replicas, ScaleDown, steady load",
+        storm_under_load(2, {"tokenizerRetry": {"action": "ScaleDown"}}), probes=False),
     Row("long-prefill-only-replica", "long prefill on the only replica: counters still for 2 "
         "x stallSeconds (10 s)", long_prefill_only_replica, probes=False,
         must_not="no restart; the prompt completes"),

@@ -4,7 +4,8 @@ The apiserver, scheduler and controllers are real (controlplane.py); only the no
 simulated, because there is no kubelet or container runtime on these machines. A
 NodeSimulator registers Nodes, keeps them Ready (Lease heartbeat + status conditions), and for
 every pod bound to them runs one local process per container in place of the container:
-probes, restarts with back-off, termination and pods/status are done here as the kubelet would.
+probes, restarts with back-off, termination (the preStop hook within the grace period, then
+SIGTERM, then SIGKILL) and pods/status are done here as the kubelet would.
 Container logs are kept per container instance with RFC3339Nano timestamps and served on the
 kubelet's HTTPS /containerLogs endpoint, so `kubectl logs [-f] [--previous]` works through the
 real apiserver.
@@ -60,6 +61,7 @@ STATUS_EVERY = 3  # heartbeats per Node status write (the Lease is renewed every
 GPU = "nvidia.com/gpu"
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
+MIN_GRACE_S = 2  # the kubelet always leaves a container this long between SIGTERM and SIGKILL
 CommandFor = Callable[[dict, str], list[str]]
 
 
@@ -223,6 +225,11 @@ def overwritten(pod: dict, sent: dict | None) -> bool:
 
 
 def terminated_state(t: Terminated) -> dict:
+    """A terminated state as the kubelet writes it; one the runtime lost (ContainerStatusUnknown)
+    has no times and no containerID."""
+    if not t.container_id:
+        return {"terminated": {"exitCode": t.exit_code, "reason": t.reason,
+                               "message": t.message}}
     return {"terminated": {"exitCode": t.exit_code, "reason": t.reason,
                            "startedAt": rfc3339(t.started_ns), "finishedAt": rfc3339(t.finished_ns),
                            "containerID": t.container_id}}
@@ -239,6 +246,57 @@ def pod_phase(restart_policy: str, init_done: bool, statuses: list[ContainerView
     return "Failed" if restart_policy != "Always" else "Running"
 
 
+def run_pre_stop(hook: dict, timeout: float, *, cwd: str | os.PathLike, env: dict[str, str],
+                 host: str, container: dict) -> str | None:
+    """Run a preStop hook (exec or httpGet) for at most `timeout` seconds, as the kubelet runs
+    it in the container; returns why it failed, or None. An exec hook runs as a local process
+    with the container's environment; one that outlasts the timeout is killed."""
+    if "exec" in hook:
+        proc = subprocess.Popen(hook["exec"].get("command") or [], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return f"exec did not finish within {timeout:g} s"
+        if proc.returncode:
+            return f"exec exited with {proc.returncode}: {out.decode(errors='replace')[-300:]}"
+        return None
+    if "httpGet" in hook:
+        h = hook["httpGet"]
+        url = (f"{h.get('scheme', 'HTTP').lower()}://{h.get('host') or host}:"
+               f"{probe_port(container, h['port'])}{h.get('path', '/')}")
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as rsp:
+                rsp.read()
+        except (OSError, ValueError) as exc:
+            return f"httpGet {url}: {exc}"
+        return None
+    return "no handler the simulator runs (exec, httpGet)"
+
+
+def stop_process_group(pid: int, done: threading.Event, grace: float,
+                       pre_stop: Callable[[float], object] | None = None) -> None:
+    """The kubelet's container stop: the preStop hook gets up to `grace` seconds, SIGTERM then
+    gets what is left (whole seconds, at least MIN_GRACE_S), then SIGKILL."""
+    started = time.monotonic()
+    if pre_stop is not None and grace > 0:
+        hook = threading.Thread(target=pre_stop, args=(grace,), daemon=True)
+        hook.start()
+        hook.join(grace)
+    left = max(MIN_GRACE_S, grace - int(time.monotonic() - started))
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    if not done.wait(left):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        done.wait(10)
+
+
 # ----------------------------------------------------------------- container runtime
 
 @dataclass
@@ -247,7 +305,16 @@ class Terminated:
     reason: str
     started_ns: int
     finished_ns: int
-    container_id: str
+    container_id: str  # "": the runtime has no record of it (LOST)
+    message: str = ""
+
+
+# What the kubelet reports for a container that was running when the runtime lost its record
+# of it (kubelet_pods.go, convertToAPIContainerStatuses: a node restart that wiped the
+# runtime's state): no containerID, so `kubectl logs --previous` has nothing to read.
+LOST = Terminated(137, "ContainerStatusUnknown", 0, 0, "",
+                  "The container could not be located when the pod was deleted.  The container "
+                  "used to be Running")
 
 
 @dataclass
@@ -273,6 +340,7 @@ class Instance:
     done: threading.Event = field(default_factory=threading.Event)
     appended: threading.Condition | None = None  # notified per write (LightContainer)
     lines: int = 0  # lines written, where `appended` is set
+    lost: bool = False  # the runtime lost its record (lose_container): its log cannot be read
 
 
 _prctl = getattr(ctypes.CDLL(None), "prctl", None)  # looked up before any fork
@@ -305,6 +373,8 @@ class Container:
         self.finished = threading.Event()  # no more restarts
         self.kill_reason: str | None = None
         self.stop = threading.Event()
+        self.env: dict[str, str] = {}  # the environment of the last start (hooks run in it)
+        self.losing = False  # lose() was called: the running instance goes as LOST
 
     # -- the kubelet's view for pods/status
     def status(self) -> dict:
@@ -339,10 +409,11 @@ class Container:
     def run(self) -> None:
         """Start, wait, restart per policy with back-off, until stopped or done."""
         policy = self.pod.spec.get("restartPolicy", "Always")
+        lost = False
         while not self.stop.is_set():
             if self.crashes:
-                delay = backoff_delay(self.crashes, self.pod.sim.backoff_base,
-                                      self.pod.sim.backoff_cap)
+                delay = 0 if lost else backoff_delay(self.crashes, self.pod.sim.backoff_base,
+                                                     self.pod.sim.backoff_cap)
                 if delay:
                     meta = self.pod.meta
                     self.waiting = ("CrashLoopBackOff",
@@ -357,6 +428,10 @@ class Container:
             term = self._run_once()
             if term is None:  # could not start
                 break
+            lost, self.losing = self.losing, False
+            if lost:  # the restarted node's kubelet starts it again at once
+                self.instances[-1].lost = True
+                term = self.current_terminated = LOST
             if time.monotonic() - started > 2 * self.pod.sim.backoff_cap:
                 self.crashes = 0
             self.crashes += 1
@@ -373,7 +448,7 @@ class Container:
         inst = Instance(index, self.dir / f"{index}.log", f"sim://{uuid.uuid4().hex}")
         try:
             argv = self.pod.sim.command_for(self.spec, self.pod.ip)
-            env = self.pod.container_env(self.spec)
+            env = self.env = self.pod.container_env(self.spec)
             inst.proc = subprocess.Popen(
                 argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -426,17 +501,33 @@ class Container:
                 sink.flush()
         stream.close()
 
-    def terminate(self, grace: float) -> None:
-        """SIGTERM the running instance's process group, SIGKILL after grace seconds."""
+    def lose(self) -> None:
+        """What a node restart that wipes the container runtime's state does to this container:
+        its process is gone at once, the kubelet reports it as ContainerStatusUnknown with no
+        containerID (LOST), its log can no longer be read (previous=true: 400) and it starts
+        again."""
         inst = self.instances[-1] if self.instances else None
         if not inst or not inst.proc or inst.done.is_set():
             return
+        self.losing = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(inst.proc.pid, signal.SIGTERM)
-        if not inst.done.wait(grace):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(inst.proc.pid, signal.SIGKILL)
-            inst.done.wait(10)
+            os.killpg(inst.proc.pid, signal.SIGKILL)
+
+    def terminate(self, grace: float) -> None:
+        """Stop the running instance as the kubelet does (stop_process_group): its preStop
+        hook first, within the grace period, then SIGTERM, then SIGKILL."""
+        inst = self.instances[-1] if self.instances else None
+        if not inst or not inst.proc or inst.done.is_set():
+            return
+        hook = (self.spec.get("lifecycle") or {}).get("preStop")
+        stop_process_group(inst.proc.pid, inst.done, grace,
+                           (lambda timeout: self._pre_stop(hook, timeout)) if hook else None)
+
+    def _pre_stop(self, hook: dict, timeout: float) -> None:
+        failed = run_pre_stop(hook, timeout, cwd=self.dir, env=self.env, host=self.pod.ip,
+                              container=self.spec)
+        if failed:
+            log.info("%s/%s: preStop hook: %s", self.pod.key, self.name, failed)
 
     # -- probes
     def _probe_loop(self, inst: Instance) -> None:
@@ -713,6 +804,7 @@ class LightContainer:
                                                self.model)
         self.version = "0.32.0"
         env = resolve_env(pod.pod, spec, pod.ip, lambda kind, name, key: None)
+        self.prefix = env.get("VLLM_LOGGING_PREFIX", "")
         lines = [vllmsim.plugin_line(self.version, proc, 1, env) for proc in
                  ("APIServer", vllmsim.engine_proc_name(self.version))] if self.vllm else []
         self.append([line for line in lines if line])
@@ -752,7 +844,7 @@ class LightContainer:
                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
         if method == "POST" and path == "/sim/fault" and request.get("fault") == "engine_dead":
             self.dead = True
-            self.append(vllmsim.engine_dead_lines(self.version, 1))
+            self.append(vllmsim.engine_dead_lines(self.version, 1, prefix=self.prefix))
             return 200, "application/json", b'{"applied": "engine_dead"}'
         if method == "POST" and path == "/sim/log":
             self.append([str(line) for line in request.get("lines", [])])
@@ -854,7 +946,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
             return
         previous = q.get("previous") == "true"
         index = len(container.instances) - (2 if previous else 1)
-        if index < 0:
+        if index < 0 or container.instances[index].lost:  # the kubelet: no containerID to read
             what = "previous terminated container" if previous else "container"
             self._text(400, f'{what} "{parts[3]}" in pod "{parts[2]}" '
                        + ("not found" if previous else "is waiting to start: ContainerCreating"))
@@ -1162,6 +1254,15 @@ class NodeSimulator:
             return data if key is None else data.get(key)
 
         return read
+
+    def lose_container(self, namespace: str, name: str, container: str) -> None:
+        """A node restart that lost the runtime's record of this pod's running container
+        (Container.lose): it reports ContainerStatusUnknown, its log is gone, it starts again."""
+        runner = self.runner_by_name(namespace, name)
+        target = runner.container(container) if isinstance(runner, PodRunner) else None
+        if target is None:
+            raise KeyError(f"no running container {container!r} in pod {namespace}/{name}")
+        target.lose()
 
     def runner_by_name(self, namespace: str, name: str) -> PodRunner | LightPod | None:
         with self.lock:

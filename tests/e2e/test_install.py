@@ -222,6 +222,7 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("patch", "kopfpeerings.kopf.dev", watched),
             ("get", "replicasets.apps", watched),  # a pod's owner chain
             ("list", "nodes", None),
+            ("watch", "nodes", None),  # node drains are noticed from the watch
             ("list", "pods", other),  # rbac.gpuCapacity: GPUs requested anywhere are not free
             ("list", "priorityclasses.scheduling.k8s.io", None),
             ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
@@ -425,6 +426,7 @@ def test_kubectl_apply_manifests(cluster, api, tmp_path):
             ("get", "pods/log", watched),
             ("patch", "clusterkopfpeerings.kopf.dev", None),
             ("list", "nodes", None),
+            ("watch", "nodes", None),  # node drains are noticed from the watch
         ], denied=[
             ("list", "secrets", None),
             ("get", "secrets", "vlm-system"),

@@ -266,6 +266,32 @@ def test_deleting_a_pod_stops_its_process(sim, core, namespace):
     assert pids and not [pid for pid in pids if _alive(pid)]
 
 
+def test_deletion_runs_the_pre_stop_hook_within_the_grace_period(sim, core, namespace,
+                                                                   tmp_path):
+    """As the kubelet: the preStop exec hook runs (with the container's environment) before
+    SIGTERM, the pod's deletion grace period bounding both."""
+    from kubernetes.client.exceptions import ApiException
+
+    mark = tmp_path / "pre-stop"
+    hook = {"preStop": {"exec": {"command": [
+        "python3", "-c", f"import os; open({str(mark)!r}, 'w').write(os.environ['WHO'])"]}}}
+    container = {"name": "sh", "image": "busybox", "command": ["sleep", "3600"],
+                 "env": [{"name": "WHO", "value": "the container"}], "lifecycle": hook}
+    core.create_namespaced_pod(namespace, pod_manifest("hooked", sim, [container]))
+    ready_pod(core, namespace, "hooked")
+    core.delete_namespaced_pod("hooked", namespace)
+
+    def vanished():
+        try:
+            core.read_namespaced_pod("hooked", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(vanished, "pod deleted")
+    assert mark.read_text() == "the container"
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

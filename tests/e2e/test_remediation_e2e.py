@@ -60,10 +60,13 @@ def test_retry_storm_restarts_the_pod(api, ns, sim, operator):
     assert wait_for("event on the CR", lambda: events(api, ns, "storm", "PodRestarted"))
     assert wait_for("event on the pod", lambda: events(api, ns, a.metadata.name, "PodRestarted"))
     after = operator.metrics()
-    assert metric(after, "vlm_operator_detections_total", signature="tokenizer_retry") - \
-        metric(before, "vlm_operator_detections_total", signature="tokenizer_retry") == 3
-    assert metric(after, "vlm_operator_remediations_total", action="Restart") - \
-        metric(before, "vlm_operator_remediations_total", action="Restart") == 1
+    mine = {"vlmdeployment_namespace": ns, "vlmdeployment": "storm"}  # others' series come
+    # and go with their VLMDeployments
+    assert metric(after, "vlm_operator_detections_total", signature="tokenizer_retry",
+                  **mine) - metric(before, "vlm_operator_detections_total",
+                                   signature="tokenizer_retry", **mine) == 3
+    assert metric(after, "vlm_operator_remediations_total", action="Restart", **mine) - \
+        metric(before, "vlm_operator_remediations_total", action="Restart", **mine) == 1
     wait_ready_pods(api, ns, "storm", 2)  # the Deployment replaced it
 
 
@@ -170,20 +173,40 @@ def test_dropped_stream_loses_and_duplicates_nothing(api, cluster):
 
 
 def test_pods_without_the_plugin_line_are_reported_unpatched(api, ns, sim, operator):
-    create(api, ns, cr("patched", replicas=1, health=health()))
+    """Unpatched only where the log can be read: a logging prefix and level from the spec are
+    read (the plugin's line comes at WARNING), a prefix from the image's own ENV makes the log
+    unreadable, which is LogDetectionOff, not Unpatched."""
+    env = [{"name": "VLLM_LOGGING_PREFIX", "value": "[vllm] "},
+           {"name": "VLLM_LOGGING_LEVEL", "value": "WARNING"}]
+    create(api, ns, cr("patched", replicas=1, health=health(), vllm={"env": env}))
     create(api, ns, cr("plain", replicas=1, health=health(),
                        vllm={"env": [{"name": "VLM_SIM_PATCHED", "value": "0"}]}))
+    create(api, ns, cr("foreign", replicas=1, health=health(), vllm={"env": [
+        {"name": "VLM_SIM_IMAGE_ENV", "value": json.dumps({"VLLM_LOGGING_PREFIX": "[img] "})}]}))
     obj = wait_for("patched pod reported", lambda: (o := get_cr(api, ns, "patched")) and
                    (c := condition(o, "Unpatched")) and c["status"] == "False" and o, timeout=90)
     assert condition(obj, "Unpatched")["reason"] == "AllPodsPatched"
     (pod,) = wait_ready_pods(api, ns, "plain", 1)
+    (foreign,) = wait_ready_pods(api, ns, "foreign", 1)
     # No pod event comes when the 60 s grace runs out: the operator must look again by itself.
     obj = wait_for("plain pod reported", lambda: (o := get_cr(api, ns, "plain")) and
                    (c := condition(o, "Unpatched")) and c["status"] == "True" and o, timeout=150)
     assert pod.metadata.name in condition(obj, "Unpatched")["message"]
+    assert condition(obj, "LogDetectionOff")["status"] == "False"
     warning = wait_for("Warning event", lambda: events(api, ns, "plain", "Unpatched"))
     assert warning[0].type == "Warning"
     assert not pod_gone(api, ns, pod)  # reported, not restarted: an unpatched engine still serves
+    obj = wait_for("foreign pod reported", lambda: (o := get_cr(api, ns, "foreign")) and
+                   (c := condition(o, "LogDetectionOff")) and c["status"] == "True" and o,
+                   timeout=60)
+    message = condition(obj, "LogDetectionOff")["message"]
+    assert foreign.metadata.name in message and "VLLM_LOGGING_PREFIX" in message
+    assert condition(obj, "Unpatched")["status"] == "False"
+    assert wait_for("LogDetectionOff event", lambda: events(api, ns, foreign.metadata.name,
+                                                            "LogDetectionOff"))
+    obj = get_cr(api, ns, "patched")  # its grace has run out too: the WARNING line was read
+    assert [condition(obj, t)["status"] for t in ("Unpatched", "LogDetectionOff")] == [
+        "False", "False"]
 
 
 def test_a_look_alike_pod_of_another_app_is_never_touched(api, ns, sim, operator):

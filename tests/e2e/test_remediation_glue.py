@@ -28,9 +28,17 @@ SLOW = {"health": {"tokenizerRetry": {"threshold": 1, "windowSeconds": 60,
                                       "action": "ScaleDown"}}}
 
 
+class BareKube(Kube):
+    """The pods here are bare (no ReplicaSet or Deployment owns them): the owner-chain check
+    (Kube.owned_pods, tests/unit/test_kube.py) is left out, every labelled pod is taken."""
+
+    def owned_pods(self, pods):
+        return pods
+
+
 @pytest.fixture
 def kube(api):
-    return Kube(api)
+    return BareKube(api)
 
 
 @pytest.fixture
@@ -68,6 +76,20 @@ def pod(api, ns, name, owner="glue", ready=True, ip=None):
                                "image": "x", "imageID": "", "state": {"running": {}}}]}
     core.patch_namespaced_pod_status(name, ns, {"status": status})
     return created.metadata.uid
+
+
+def set_unschedulable(api, ns, name, seconds_ago):
+    """The scheduler's verdict on a pod no node takes, written as it writes it."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+    client.CoreV1Api(api).patch_namespaced_pod_status(name, ns, {"status": {
+        "phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "lastTransitionTime": since}]}})
+
+
+def in_service(api, ns, name):
+    return client.CoreV1Api(api).read_namespaced_pod(name, ns).metadata.labels.get(
+        builders.IN_SERVICE_LABEL)
 
 
 def set_ready(api, ns, name, ready):
@@ -225,13 +247,15 @@ def test_a_fresh_process_finishes_a_drain_another_began(api, kube, namespace, ma
     assert get(kube, namespace)["spec"]["replicas"] == 2
 
 
-def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, made):
-    """#3 with the default spec (1 replica, minAvailable 1): surge, then delete."""
+def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, made,
+                                                          metrics_server):
+    """With the default spec (1 replica, minAvailable 1): surge, drain (here idle), delete."""
     vlmd(api, namespace, replicas=1)
-    sick = pod(api, namespace, "sick")
+    idle = metrics_server(running=0)  # a pod that cannot be read would wait the drain out
+    sick = pod(api, namespace, "sick", ip=idle.ip)
     published = []
     rem = Remediator(kube, lambda ns, name: published.append(name),
-                     replica_fits=lambda vlmd: True).start()
+                     replica_fits=lambda vlmd, pending=0: True).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     body = get(kube, namespace)
@@ -259,7 +283,7 @@ def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, 
 def test_a_replacement_that_never_comes_is_given_up(api, kube, namespace, made):
     vlmd(api, namespace, replicas=1)
     sick = pod(api, namespace, "sick")
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd: True,
+    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd, pending=0: True,
                      replace_timeout_s=3).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
@@ -275,7 +299,8 @@ def test_a_held_incident_is_acted_on_when_capacity_returns(api, kube, namespace,
     vlmd(api, namespace, replicas=2)
     sick = pod(api, namespace, "sick")
     pod(api, namespace, "other", ready=False)
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd: False).start()
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: False).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
@@ -295,7 +320,8 @@ def test_a_held_incident_expires_with_its_window(api, kube, namespace, made):
     """#7: held past its window, it is dropped, never acted on late."""
     vlmd(api, namespace, replicas=1, health={"tokenizerRetry": {"windowSeconds": 3}})
     sick = pod(api, namespace, "sick")
-    rem = Remediator(kube, lambda ns, name: None, replica_fits=lambda vlmd: False).start()
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: False).start()
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     assert rem.owner(namespace, "glue").open
@@ -377,3 +403,120 @@ def test_a_failing_apply_shows_in_status_and_events(api, kube, namespace):
     assert degraded["status"] == "False"
     assert kube.get("apps/v1", "Deployment", namespace, "glue") is not None
 
+
+
+def test_a_replace_drains_its_pod_before_deleting_it(api, kube, namespace, made,
+                                                     metrics_server):
+    """The sick pod still serves: once its replacement is ready it leaves the Service, and it
+    is deleted only when its requests in flight finished."""
+    vlmd(api, namespace, replicas=1)
+    busy = metrics_server(running=1)
+    sick = pod(api, namespace, "sick", ip=busy.ip)
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: True).start()
+    made.append(rem)
+    rem.incident(namespace, "glue", storm(sick, "sick"))
+    pod(api, namespace, "replacement")
+    wait_for("out of the Service", lambda: in_service(api, namespace, "sick") == "false",
+             timeout=15)
+    time.sleep(4)  # past the endpoints' lag: only the request in flight holds it
+    assert "sick" in pod_names(api, namespace), "deleted with a request in flight"
+    busy.running = 0
+    wait_for("deleted once drained", lambda: "sick" not in pod_names(api, namespace),
+             timeout=15)
+    wait_for("surge over", lambda: incidents.surge(
+        get(kube, namespace)["metadata"].get("annotations")) == 0)
+    assert events(api, namespace, "glue", "PodReplaced")
+    assert not events(api, namespace, "glue", "DrainTimedOut")
+
+
+def test_a_pod_another_drain_took_out_still_drains(api, kube, namespace, made,
+                                                   metrics_server):
+    """A Replace whose pod the Builtin autoscaler took out of the Service meanwhile: the pod
+    still serves its requests in flight, so it is not deleted as if it served nothing."""
+    vlmd(api, namespace, replicas=1)
+    busy = metrics_server(running=1)
+    sick = pod(api, namespace, "sick", ip=busy.ip)
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: True).start()
+    made.append(rem)
+    rem.incident(namespace, "glue", storm(sick, "sick"))
+    put_out_of_service(kube, namespace, "sick", time.time())  # the autoscaler's drain
+    time.sleep(4)
+    assert "sick" in pod_names(api, namespace), "a draining pod deleted at once"
+
+
+def test_a_surge_is_abandoned_at_once_when_another_writer_lowers_replicas(api, kube,
+                                                                          namespace, made):
+    """spec.replicas lowered meanwhile (an HPA, KEDA, a user): the ReplicaSet removes the
+    replacement still coming up, so the surge is given up at once and says so, instead of
+    waiting for a replacement that never comes."""
+    vlmd(api, namespace, replicas=2)
+    sick = pod(api, namespace, "sick")
+    pod(api, namespace, "other", ready=False)
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: True).start()
+    made.append(rem)
+    rem.incident(namespace, "glue", storm(sick, "sick"))
+    assert incidents.surge(get(kube, namespace)["metadata"]["annotations"]) == 1
+    pod(api, namespace, "replacement", ready=False)
+    kube.scale_vlmd(namespace, "glue", 1)
+    (abandoned,) = wait_for("abandoned", lambda: events(api, namespace, "glue",
+                                                        "ReplaceAbandoned"), timeout=15)
+    assert "from 2 to 1" in abandoned.message
+    assert incidents.surge(get(kube, namespace)["metadata"].get("annotations")) == 0
+    assert "sick" in pod_names(api, namespace)  # it keeps serving
+    (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
+    assert report.status == "False"
+
+
+def test_only_its_own_replacement_refused_by_the_scheduler_gives_a_surge_up(api, kube,
+                                                                           namespace, made):
+    """Another pod of the VLMDeployment unschedulable for long (an over-scale) is not the
+    surge's replacement: the surge waits for its own, and gives up when that one is refused
+    for UNSCHEDULABLE_S."""
+    vlmd(api, namespace, replicas=2)
+    sick = pod(api, namespace, "sick")
+    pod(api, namespace, "stuck", ready=False)
+    set_unschedulable(api, namespace, "stuck", 70)
+    rem = Remediator(kube, lambda ns, name: None,
+                     replica_fits=lambda vlmd, pending=0: True).start()
+    made.append(rem)
+    rem.incident(namespace, "glue", storm(sick, "sick"))
+    time.sleep(3)
+    assert not events(api, namespace, "glue", "ReplaceFailed"), "gave up on another pod"
+    assert incidents.surge(get(kube, namespace)["metadata"]["annotations"]) == 1
+    pod(api, namespace, "replacement", ready=False)
+    set_unschedulable(api, namespace, "replacement", 70)
+    wait_for("given up on its own replacement", lambda: events(
+        api, namespace, "glue", "ReplaceFailed"), timeout=15)
+    record_gone = incidents.parse_in_flight(get(kube, namespace)["metadata"].get(
+        "annotations")) == {}
+    assert record_gone and "sick" in pod_names(api, namespace)
+
+
+def test_a_flood_of_matching_lines_costs_no_api_request_each(api, kube, namespace, made):
+    """A pod's log is its tenant's: a tenant's own image can print retry warnings as fast as it
+    likes. Every decision reads the VLMDeployment and lists its pods, so a held incident (here
+    the restart budget is spent) must not be decided again for each line: 300 lines within a
+    second cost a decision or two, and the held incident is still decided again later."""
+    from prometheus_client import REGISTRY
+
+    def requests():
+        return sum(s.value for m in REGISTRY.collect() if m.name == "vlm_operator_api_requests"
+                   for s in m.samples if s.name == "vlm_operator_api_requests_total")
+
+    vlmd(api, namespace, replicas=1, health={"maxRestartsPerHour": 0})
+    sick = pod(api, namespace, "sick")
+    rem = Remediator(kube, lambda ns, name: None).start()
+    made.append(rem)
+    rem.refresh(namespace, "glue")
+    before = requests()
+    for _ in range(300):
+        rem.report(namespace, "glue", uid=sick, pod="sick", signature="tokenizer_retry",
+                   t=time.time(), count=lambda key, window_s: 10)
+    spent = requests() - before
+    assert spent <= 12, f"{spent} API requests for 300 lines"
+    (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
+    assert (report.status, report.reason) == ("True", "RestartBudgetExhausted")
+    assert "sick" in pod_names(api, namespace)

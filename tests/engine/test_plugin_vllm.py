@@ -167,6 +167,32 @@ def test_active_only_once_a_tokenizer_is_pooled(lines):
     ]
 
 
+@pytest.mark.parametrize("configured", [True, False], ids=["vllm-configured", "before-vllm"])
+def test_active_is_a_warning_where_vllm_logs_no_info(lines, monkeypatch, configured):
+    """VLLM_LOGGING_LEVEL=WARNING drops INFO lines: the `active` line then comes at WARNING,
+    or a patched pod would look unpatched. Before vLLM configured its logging the plugin reads
+    the level from the environment, as vLLM will."""
+    pytest.importorskip("transformers")
+    from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
+
+    vllm_logger = logging.getLogger("vllm")
+    saved = vllm_logger.level, vllm_logger.handlers[:]
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "warning")
+    if configured:  # what vLLM's dictConfig leaves: a handler and the level on "vllm"
+        vllm_logger.handlers = [logging.NullHandler()]
+        vllm_logger.setLevel(logging.WARNING)
+    else:
+        vllm_logger.handlers = []
+    try:
+        _hooked(build_fast_tokenizer(8000))
+    finally:
+        vllm_logger.setLevel(saved[0])
+        vllm_logger.handlers = saved[1]
+    assert lines == [
+        ("WARNING", "vlm-tokenizer-pool active: vllm=0.33.0 pool_size=3 patched=a.B.__init__")
+    ]
+
+
 def test_a_tokenizer_that_cannot_be_pooled_logs_inactive_even_after_active(lines):
     pytest.importorskip("transformers")
     from vllm_tokenizer_pool.local_tokenizer import build_fast_tokenizer
@@ -453,3 +479,31 @@ def test_engine_heartbeat_off_by_env_hooks_nothing(model_dir):
     report, lines = _probe(model_dir, "--heartbeat", "0.6", env=env)
     assert not report["hooked"] and not report["instrumented"]
     assert not [line for line in lines if "vlm-engine-heartbeat" in line]
+
+
+_LOG_THROUGH_VLLM = """
+import vllm.logger as vl
+vl._configure_vllm_root_logger()
+vl.set_vllm_process_name("APIServer")
+vl.init_logger("vllm.vlm_tokenizer_pool").warning("hello")
+"""
+
+
+@vllm_only
+def test_the_stand_in_writes_the_logging_prefix_where_vllm_does():
+    """vLLM's own logger with VLLM_LOGGING_PREFIX against the vLLM stand-in's line (what the
+    node simulator's pods write, which the operator's e2e tests read)."""
+    import vllm.logger
+
+    from vlm_testbed import vllmsim
+
+    if not hasattr(vllm.logger, "set_vllm_process_name"):
+        pytest.skip("this vLLM writes the process tag outside its logger's format")
+    env = dict(os.environ, VLLM_LOGGING_PREFIX="[v] ", NO_COLOR="1")
+    real = subprocess.run([sys.executable, "-c", _LOG_THROUGH_VLLM], capture_output=True,
+                          text=True, env=env, timeout=300, check=True).stdout.splitlines()[-1]
+    ours = vllmsim.vllm_line("APIServer", 7, "WARNING", "x.py:1", "hello", prefix="[v] ",
+                             version=plugin.installed_vllm_version())
+    shape = re.compile(r"pid=\d+\) (\w+) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\] ")
+    assert real.startswith("[v] (APIServer pid=")
+    assert shape.sub("pid=N) LEVEL T [F] ", real) == shape.sub("pid=N) LEVEL T [F] ", ours)

@@ -2,11 +2,16 @@
 VLMDeployment older than the autoscaler's own last write is read afresh instead of acted on
 again, and a running pod that is not Ready is never taken for an idle, loading one."""
 
+import json
+
 import pytest
 
 from vlm_operator import autoscaling as a
+from vlm_operator import incidents
 from vlm_operator.autoscaler import Autoscaler, _pod_state
+from vlm_operator.incidents import REPLACE
 from vlm_operator.scrape import Scrape
+from vlm_operator.spec import parse
 
 
 class Kube:
@@ -20,7 +25,7 @@ class Kube:
     def scale_vlmd(self, namespace, name, replicas):
         self.calls.append(("scale", replicas))
 
-    def delete(self, api_version, kind, namespace, name, uid=None):
+    def delete(self, api_version, kind, namespace, name, uid=None, grace_s=None):
         self.calls.append(("delete", name))
 
     def patch_pod(self, namespace, name, labels=None, annotations=None):
@@ -112,3 +117,45 @@ def test_failing_pods_are_asked_once_a_round_and_picked_first():
     scaler.tick(kube.body, pods, {p["metadata"]["name"]: IDLE for p in pods})
     assert asked == ["m"]
     assert ("mark", "b") in kube.calls  # idle at 3 replicas: the failing one is drained first
+
+
+class Budget(Cluster):
+    """One node with 2 GPUs, `free` of them free."""
+
+    def __init__(self, free):
+        self.free = free
+
+    def budget(self):
+        return ([a.Node("n", {}, (), {"nvidia.com/gpu": 2})],
+                {"n": {"nvidia.com/gpu": self.free}})
+
+
+def surging(body, sick="a", before=("uid-a", "uid-b")):
+    """A Replace of `sick` in flight, its surge begun when the pods `before` were there."""
+    record = {"action": REPLACE, "pod": sick, "signature": "tokenizer_retry", "incident": 1.0,
+              "since": 1.0, "replicas": 2, "before": list(before)}
+    body["metadata"]["annotations"] = {incidents.IN_FLIGHT: json.dumps({f"uid-{sick}": record})}
+    return body
+
+
+def test_a_surge_replacement_is_not_counted_as_a_granted_replica():
+    """The replacement's GPU stands in for its sick pod's: counting it as one of the bound
+    replicas granted a third replica with no GPU free."""
+    body = surging(vlmd(2, "1"))
+    kube = Kube(body)
+    clock = iter(range(1000, 1010))
+    scaler = Autoscaler(kube, clock=lambda: float(next(clock)), cluster=Budget(free=0))
+    busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
+    pods = [pod("a"), pod("b"), pod("x", ready=False, started=False)]  # x: the replacement
+    for _ in range(3):
+        decision = scaler.tick(body, pods, {"a": busy, "b": busy})
+    assert ("scale", 3) not in kube.calls
+    assert decision.desired == 2 and decision.reason == "ScalingLimited"
+
+
+def test_replica_fits_leaves_the_pending_claims_their_gpus():
+    vlmd_ = parse(vlmd(2, "1"))
+    scaler = Autoscaler(Kube({}), cluster=Budget(free=1))
+    assert scaler.replica_fits(vlmd_) and scaler.replica_fits(vlmd_, 0)
+    assert not scaler.replica_fits(vlmd_, 1)  # a surge not on a node yet takes the free GPU
+    assert Autoscaler(Kube({}), cluster=Budget(free=2)).replica_fits(vlmd_, 1)

@@ -171,6 +171,23 @@ def test_free_by_node_counts_bound_running_pods_per_node():
     assert a.pod_use(pod("a", 0)) is None  # holds no device: not worth keeping
 
 
+def test_leaving_nodes_are_cordoned_or_tainted_by_an_autoscaler():
+    assert a.leaving(node("a", 1)) is None
+    assert "kubectl drain" in a.leaving(node("a", 1, unschedulable=True))
+    for key in ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted",
+                "karpenter.sh/disruption"):
+        taint = {"key": key, "value": "x", "effect": "NoSchedule"}
+        assert key in a.leaving(node("a", 1, taints=[taint]))
+    assert a.leaving(node("a", 1, taints=[{"key": "nvidia.com/gpu",
+                                           "effect": "NoSchedule"}])) is None
+    # the node cache keeps a leaving node out of the budget, with why it leaves
+    state = a.node_state(node("a", 1, unschedulable=True))
+    assert state.name == "a" and state.budget is None and "cordoned" in state.leaving
+    assert a.node_state(node("b", 1)).budget.name == "b" and a.node_state(
+        node("b", 1)).leaving is None
+    assert a.node_state(node("c", 1, ready=False)) is None  # neither
+
+
 def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):
     return a.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
 

@@ -79,6 +79,15 @@ def test_operator_deployment_is_hardened(helm):
     assert "--liveness-port=8080" in args and "--metrics-port=9090" in args
 
 
+def test_the_node_drain_wait_reaches_the_operator(helm):
+    def args(*sets):
+        (dep,) = find(template(*sets), "Deployment")
+        return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert "--node-drain-wait-seconds=600" in args()
+    assert "--node-drain-wait-seconds=30" in args("--set", "nodeDrainWaitSeconds=30")
+
+
 def test_args_name_each_watched_namespace(helm):
     (dep,) = find(template(*VARIANTS["namespaced"]), "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]

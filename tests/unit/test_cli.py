@@ -5,6 +5,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -108,3 +109,28 @@ def test_scan_logs_on_real_logs():
     assert "engine_dead=3 lines/1 incidents" in result.stderr
     missing = cli("scan-logs", str(logs / "missing.log"))
     assert missing.returncode == 2 and "unreadable" in missing.stderr
+
+
+def test_node_drain_wait_is_a_run_flag_that_never_waits_for_ever(capsys):
+    from vlm_operator.cli import build_parser
+    from vlm_operator.remediation import NODE_DRAIN_WAIT_S
+
+    parser = build_parser()
+    assert parser.parse_args(["run"]).node_drain_wait_seconds == NODE_DRAIN_WAIT_S
+    assert parser.parse_args(["run", "--node-drain-wait-seconds", "5"]).node_drain_wait_seconds \
+        == 5.0
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "--node-drain-wait-seconds", bad])
+        assert "--node-drain-wait-seconds" in capsys.readouterr().err
+
+
+def test_log_mark_seconds_must_be_a_second_or_more():
+    for bad in ("0", "-5", "x", "nan"):
+        result = cli("run", "--log-mark-seconds", bad)
+        assert result.returncode == 2 and "--log-mark-seconds" in result.stderr, bad
+    from vlm_operator.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--log-mark-seconds", "60"])
+    assert args.log_mark_seconds == 60.0
+    assert build_parser().parse_args(["run"]).log_mark_seconds == 300.0

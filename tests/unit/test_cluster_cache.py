@@ -143,3 +143,30 @@ def test_managed_pods_are_served_by_namespace_and_selector_without_managed_field
         assert kube.queries[0]["labelSelector"] == cluster_cache.MANAGED
     finally:
         cache.stop()
+
+
+def test_nodes_feed_the_budget_and_the_leaving_nodes():
+    def node(name, unschedulable=False, taints=()):
+        return {"metadata": {"uid": name, "name": name, "resourceVersion": "1"},
+                "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+                "status": {"allocatable": {"nvidia.com/gpu": "1"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    page = {"items": [node("a"), node("b", unschedulable=True), node("c", taints=[
+        {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}])],
+        "metadata": {"resourceVersion": "1"}}
+    empty = {"items": [], "metadata": {"resourceVersion": "1"}}
+
+    class Paths(Kube):
+        def list_page(self, path, query):
+            self.lists += 1
+            return page if path == "/api/v1/nodes" else empty
+
+    cache = ClusterCache(Paths([page], []))
+    try:
+        nodes, free = cache.budget()
+        assert [n.name for n in nodes] == ["a"] and free == {"a": {"nvidia.com/gpu": 1}}
+        leaving = cache.leaving_nodes()
+        assert sorted(leaving) == ["b", "c"] and "cluster autoscaler" in leaving["c"]
+    finally:
+        cache.stop()

@@ -17,3 +17,21 @@ def test_a_relisted_object_at_the_same_version_is_no_news():
     assert _news(seen, event(None, rv="9"))  # changed while the watch was down
     assert _news(seen, event("DELETED", rv="9")) and seen == {}
     assert _news(seen, {"type": None, "object": {}})  # unreadable: reconcile to be safe
+
+
+def test_a_new_version_that_only_moved_the_log_mark_is_no_news():
+    """The operator writes a resume mark on each followed pod every few minutes: that pod
+    event must not cost a reconcile of the VLMDeployment (about 10 requests)."""
+    from vlm_operator.logfollow import LOG_MARK
+
+    def pod(rv, mark, ready="True"):
+        return {"type": "MODIFIED", "object": {
+            "metadata": {"uid": "p", "resourceVersion": rv, "managedFields": [{"m": rv}],
+                         "annotations": {"a": "1", LOG_MARK: mark}},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}}}
+
+    seen = {}
+    assert _news(seen, pod("1", "m1"))
+    assert not _news(seen, pod("2", "m2"))  # only the mark moved
+    assert _news(seen, pod("3", "m2", ready="False"))  # a real change
+    assert not _news(seen, pod("3", "m2", ready="False"))

@@ -23,6 +23,8 @@ from vlm_operator.incidents import (
     note,
     parse_history,
     parse_in_flight,
+    pending_claims,
+    replacements,
     restarts_in_hour,
     surge,
 )
@@ -99,6 +101,67 @@ def test_in_flight_round_trip_and_surge():
     assert parse_in_flight({IN_FLIGHT: value}) == records
     assert surge({IN_FLIGHT: value}) == 2
     assert in_flight_value({}) is None and parse_in_flight({}) == {} and surge(None) == 0
+
+
+def test_in_flight_keeps_what_a_fresh_operator_needs():
+    full = InFlight(REPLACE, "p1", "u1", "node_drain", NOW, NOW, 2, surge=True,
+                    before=("u1", "u2"), replacement="u9", tried=True, drain_since=NOW + 1,
+                    node="n1", node_since=NOW - 5)
+    waiting = InFlight(REPLACE, "p2", "u2", "node_drain", NOW, NOW, 2, surge=False, node="n1",
+                       node_since=NOW)
+    records = {"u1": full, "u2": waiting}
+    assert parse_in_flight({IN_FLIGHT: in_flight_value(records)}) == records
+    assert surge({IN_FLIGHT: in_flight_value(records)}) == 1  # no surge while it waits
+    # fields at their defaults are left out; records written before they existed read back
+    # as a Replace with a surge and nothing else known
+    old = json.dumps({"u3": {"action": REPLACE, "pod": "p3", "incident": 1, "since": 2,
+                             "replicas": 1, "signature": "tokenizer_retry"}})
+    assert parse_in_flight({IN_FLIGHT: old}) == {
+        "u3": InFlight(REPLACE, "p3", "u3", "tokenizer_retry", 1.0, 2.0, 1)}
+    assert "before" not in json.loads(in_flight_value({"u1": rec()}))["u1"]
+
+
+def pod(uid, created="2026-01-01T00:00:00Z", node="n1", deleting=False, name=None):
+    meta = {"uid": uid, "name": name or f"pod-{uid}", "creationTimestamp": created}
+    if deleting:
+        meta["deletionTimestamp"] = created
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}}
+
+
+def replacing(uid, since=NOW, before=("a", "b"), **kw):
+    return InFlight(REPLACE, f"pod-{uid}", uid, "tokenizer_retry", since, since, 2,
+                    before=before, **kw)
+
+
+def test_a_replacement_is_the_first_new_pod_no_other_surge_claimed():
+    pods = [pod("a"), pod("b"), pod("x", "2026-01-01T00:00:05Z"),
+            pod("y", "2026-01-01T00:00:03Z")]
+    records = {"a": replacing("a"), "b": replacing("b", since=NOW + 1)}
+    # the older surge takes the earliest-created new pod, the next one the next
+    assert replacements(records, pods) == {"a": "y", "b": "x"}
+    # a claim on the record stands while its pod exists, whatever the order
+    records["b"] = replacing("b", since=NOW + 1, replacement="y")
+    assert replacements(records, pods) == {"b": "y", "a": "x"}
+    # a claimed pod that is gone or going frees its surge to claim the next new pod
+    records = {"a": replacing("a", replacement="gone")}
+    assert replacements(records, pods) == {"a": "y"}
+    assert replacements(records, [pod("a"), pod("b"), pod("y", deleting=True)]) == {}
+    # pods there when the surge began, ScaleDowns and waiting node drains claim nothing
+    assert replacements({"a": replacing("a", before=("a", "b", "x", "y"))}, pods) == {}
+    assert replacements({"a": rec(uid="a")}, pods) == {}
+    assert replacements({"a": replacing("a", surge=False)}, pods) == {}
+
+
+def test_pending_claims_are_unbound_pods_and_surges_not_made_yet():
+    bound = [pod("a"), pod("b")]
+    assert pending_claims({}, bound) == 0
+    assert pending_claims({}, [*bound, pod("p", node=None)]) == 1
+    assert pending_claims({}, [*bound, pod("p", node=None, deleting=True)]) == 0
+    surging = {"a": replacing("a")}
+    assert pending_claims(surging, bound) == 1  # the ReplicaSet has not made it yet
+    assert pending_claims(surging, [*bound, pod("x", node=None)]) == 1  # made, not bound
+    assert pending_claims(surging, [*bound, pod("x")]) == 0  # bound: it holds its GPU
+    assert pending_claims({"a": replacing("a", surge=False)}, bound) == 0
 
 
 def test_in_flight_ignores_what_it_cannot_read():

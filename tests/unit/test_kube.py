@@ -137,3 +137,13 @@ def test_only_pods_whose_owner_chain_leads_to_the_vlmdeployment_are_ours():
         "/apis/apps/v1/namespaces/ns/replicasets/m-abc"
     reads = len(k.reads)
     assert k.owned_pods([ours]) == [ours] and len(k.reads) == reads  # remembered by uid
+
+
+def test_schema_has_reads_an_openapi_v3_document():
+    from vlm_operator.kube import schema_has
+
+    doc = {"components": {"schemas": {"io.k8s.api.policy.v1.PodDisruptionBudgetSpec": {
+        "properties": {"minAvailable": {}, "unhealthyPodEvictionPolicy": {"type": "string"}}}}}}
+    spec = "io.k8s.api.policy.v1.PodDisruptionBudgetSpec"
+    assert schema_has(doc, spec, "unhealthyPodEvictionPolicy")
+    assert not schema_has(doc, spec, "maxUnavailable") and not schema_has({}, spec, "x")

@@ -110,6 +110,21 @@ def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
         watch.stop()
 
 
+def test_a_fresh_follower_rereads_the_longest_log_window_only():
+    """Counts in an incident window survive an operator restart by re-reading that much log;
+    stall detection's window is not the log's, so it does not lengthen the replay."""
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({"health": {
+            "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
+            "engineStalled": {"stallSeconds": 600},
+            "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
+                                 "windowSeconds": 45}]}})
+        assert watch.lookback_s("ml", "demo") == 45
+    finally:
+        watch.stop()
+
+
 def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
     from vlm_operator.stall_watch import MAX_ENGINES, Heartbeats
 
@@ -124,3 +139,27 @@ def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
     assert len(store.of("u", 0)[0]) == MAX_ENGINES
     store.beat("u", 1, "EngineCore", fields, Log())  # restarted container
     assert list(store.of("u", 1)[0]) == ["EngineCore"] and store.of("u", 0) == ({}, None)
+
+
+def test_a_flood_of_plugin_lines_is_not_a_status_change_per_line(monkeypatch):
+    """Every `inactive` line (each reason its own incident) made the findings change and the
+    VLMDeployment's status be published again: a tenant's image printing distinct reasons
+    turned each log line into API requests. The first reason is kept; only a change of the
+    plugin state is looked at again."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    rechecks = []
+    monkeypatch.setattr(watch, "_recheck", rechecks.append)
+    try:
+        follower = Follower(watch, pod("p"))
+        env = {"VLM_TOKENIZER_POOL_SIZE": "5", "VLM_SIM_PATCHED": "inactive"}
+        follower._line(vllmsim.plugin_line("0.20.2", "APIServer", 1, {
+            "VLM_TOKENIZER_POOL_SIZE": "5"}))
+        for i in range(100):
+            follower._line(vllmsim.plugin_line("0.20.2", "APIServer", 1, {
+                **env, "VLM_SIM_PATCH_REASON": f"reason {i}"}))
+        assert follower.plugin == "inactive: reason 0"
+        assert len(rechecks) == 3  # the first line with a header, active, then inactive
+    finally:
+        watch.stop()

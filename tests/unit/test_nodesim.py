@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import threading
+import time
 
 from vlm_testbed.nodesim import (
+    MIN_GRACE_S,
     ContainerView,
     backoff_delay,
     default_command,
@@ -15,7 +20,9 @@ from vlm_testbed.nodesim import (
     render_log_lines,
     resolve_env,
     rfc3339nano,
+    run_pre_stop,
     should_restart,
+    stop_process_group,
 )
 
 
@@ -91,3 +98,76 @@ def test_pod_phase():
     done = {"running": False, "will_restart": False}
     assert pod_phase("Never", True, [v(**done, last_exit=0)]) == "Succeeded"
     assert pod_phase("Never", True, [v(**done, last_exit=2, failed_for_good=True)]) == "Failed"
+
+
+# -- termination as the kubelet does it: the preStop hook within the grace period, SIGTERM with
+# what is left of it (at least MIN_GRACE_S), then SIGKILL
+
+CONTAINER = """
+import signal, sys, time
+log = open(sys.argv[1], "a")
+def term(*_):
+    log.write("%.2f term\\n" % time.monotonic()); log.flush()
+    if sys.argv[2] == "exit":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def container(tmp_path, on_term="exit"):
+    log = tmp_path / "events"
+    proc = subprocess.Popen([sys.executable, "-c", CONTAINER, str(log), on_term],
+                            start_new_session=True)
+    done = threading.Event()
+    threading.Thread(target=lambda: (proc.wait(), done.set()), daemon=True).start()
+    time.sleep(0.3)  # its SIGTERM handler is in place
+    return proc, done, log
+
+
+def hook(seconds, log):
+    code = (f"import time; time.sleep({seconds}); "
+            f"open({str(log)!r}, 'a').write('%.2f hook\\n' % time.monotonic())")
+    return {"exec": {"command": [sys.executable, "-c", code]}}
+
+
+def events(log):
+    return [line.split()[1] for line in log.read_text().splitlines()]
+
+
+def test_the_pre_stop_hook_finishes_before_sigterm(tmp_path):
+    proc, done, log = container(tmp_path)
+    stop_process_group(proc.pid, done, 10, lambda timeout: run_pre_stop(
+        hook(1, log), timeout, cwd=tmp_path, env=dict(os.environ), host="127.0.0.1",
+        container={}))
+    assert done.is_set() and events(log) == ["hook", "term"]
+    assert proc.returncode == 0
+
+
+def test_a_hook_that_outlasts_the_grace_period_is_cut_and_sigterm_still_comes(tmp_path):
+    proc, done, log = container(tmp_path, on_term="ignore")
+    started = time.monotonic()
+    failed = []
+    stop_process_group(proc.pid, done, 1, lambda timeout: failed.append(run_pre_stop(
+        hook(30, log), timeout, cwd=tmp_path, env=dict(os.environ), host="127.0.0.1",
+        container={})))
+    took = time.monotonic() - started
+    # the hook had its second, the process MIN_GRACE_S after SIGTERM, then SIGKILL
+    assert events(log) == ["term"] and proc.returncode == -9
+    assert 1 + MIN_GRACE_S <= took < 1 + MIN_GRACE_S + 5
+    assert failed and "did not finish" in failed[0]
+
+
+def test_no_hook_sigterm_then_sigkill_after_the_grace(tmp_path):
+    proc, done, log = container(tmp_path, on_term="ignore")
+    stop_process_group(proc.pid, done, 3)
+    assert events(log) == ["term"] and proc.returncode == -9
+
+
+def test_a_failing_hook_is_reported(tmp_path):
+    assert "exited with 3" in run_pre_stop(
+        {"exec": {"command": [sys.executable, "-c", "raise SystemExit(3)"]}}, 5, cwd=tmp_path,
+        env=dict(os.environ), host="127.0.0.1", container={})
+    assert run_pre_stop({"tcpSocket": {"port": 1}}, 1, cwd=tmp_path, env={}, host="x",
+                        container={}).startswith("no handler")

@@ -216,10 +216,11 @@ class Reads:
         return self.held
 
 
-def rounds_due(pods, held=False, **spec):
+def rounds_due(pods, held=False, annotations=None, **spec):
     from vlm_operator.rounds import Rounds
-    rounds = Rounds(Cache(pods), None, None, None, Reads(held))
-    return rounds.due({"metadata": {"namespace": "team", "name": "x"},
+    rounds = Rounds(Cache(pods), None, None, None, Reads(held), None)
+    return rounds.due({"metadata": {"namespace": "team", "name": "x",
+                                    "annotations": annotations or {}},
                        "spec": {"model": "m", **spec}})
 
 
@@ -231,3 +232,8 @@ def test_rounds_are_due_only_with_something_to_do():
     builtin = {"enabled": True, "minReplicas": 1, "maxReplicas": 3}
     assert rounds_due(False, replicas=0, autoscaling=builtin)  # below minReplicas: scales up
     assert not rounds_due(False, replicas=0, autoscaling={**builtin, "minReplicas": 0})
+    # an action in flight has a round to drive it, pods or not (a standby taking over)
+    from vlm_operator import incidents
+    record = incidents.InFlight(incidents.SCALE_DOWN, "x-1", "u1", "tokenizer_retry", 1.0, 1.0, 2)
+    assert rounds_due(False, replicas=0, annotations={
+        incidents.IN_FLIGHT: incidents.in_flight_value({"u1": record})})

@@ -6,14 +6,20 @@ from __future__ import annotations
 import pytest
 
 from vlm_operator import builders
-from vlm_operator.incidents import REPLACE, Incident, InFlight
+from vlm_operator.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
 from vlm_operator.remediation import (
+    ABANDON,
     DELETE,
+    DROP,
     FINISH,
     GIVE_UP,
     GUARDS,
+    LET_GO,
     RESTART,
     SCALE_DOWN,
+    SURGE,
+    TAKE_OUT,
+    UNSCHEDULABLE_S,
     WAIT,
     PodView,
     Rule,
@@ -22,6 +28,7 @@ from vlm_operator.remediation import (
     decide,
     lowered_replicas,
     needs_replacement,
+    node_drain_action,
     pod_findings,
     pod_view,
     policy_from_spec,
@@ -235,19 +242,89 @@ def test_scale_down_step(kw, step):
     assert scale_down_step(timeout_s=60, min_drain_s=2, **kw) == step
 
 
+def replacing(**kw):
+    return InFlight(REPLACE, "p0", "uid-p0", "tokenizer_retry", NOW - 5, NOW, 2, **kw)
+
+
+def drain_record(**kw):
+    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
+                    **{"surge": False, "node": "n1", "node_since": NOW, **kw})
+
+
 @pytest.mark.parametrize("kw,step", [
     ({"present": False}, FINISH),
     ({}, WAIT),  # the replacement is not ready yet
-    ({"others_ready": 1}, DELETE),
-    ({"serves": False}, DELETE),  # it stopped serving: nothing to wait for
+    ({"others_ready": 1}, TAKE_OUT),  # it drains before it goes
+    ({"serves": False}, DELETE),  # it serves nothing: nothing to wait for
     ({"now": NOW + 100}, GIVE_UP),
     ({"min_available": 2, "others_ready": 1}, WAIT),
-    ({"min_available": 2, "others_ready": 2}, DELETE),
+    ({"min_available": 2, "others_ready": 2}, TAKE_OUT),
+    # the scheduler refuses its own replacement: given up after UNSCHEDULABLE_S
+    ({"unschedulable_s": UNSCHEDULABLE_S - 1}, WAIT),
+    ({"unschedulable_s": UNSCHEDULABLE_S}, GIVE_UP),
+    # another writer lowered spec.replicas: the ReplicaSet removes the replacement, so the
+    # surge is abandoned at once (not waited on until the timeout)
+    ({"replicas": 1}, ABANDON),
+    ({"replicas": 3}, WAIT),  # raised: the surge survives
+    ({"replicas": 1, "others_ready": 1}, TAKE_OUT),
+    # out of the Service: requests finish first (the drain), never cut short
+    ({"record": replacing(drain_since=NOW + 4), "running": 0}, WAIT),  # endpoints lag
+    ({"record": replacing(drain_since=NOW), "running": 0}, DELETE),
+    ({"record": replacing(drain_since=NOW), "running": 2}, WAIT),
+    ({"record": replacing(drain_since=NOW), "running": None}, WAIT),  # unknown is not 0
+    ({"record": replacing(drain_since=NOW), "running": 2, "now": NOW + 60}, DELETE),
+    ({"record": replacing(drain_since=NOW), "serves": False}, DELETE),
+    # a node drain: no surge while no GPU is free, let go after the wait whatever happened
+    ({"record": drain_record(), "leaving": True, "spare_gpus": False}, WAIT),
+    ({"record": drain_record(), "leaving": True, "spare_gpus": None}, WAIT),
+    ({"record": drain_record(), "leaving": True, "spare_gpus": True}, SURGE),
+    ({"record": drain_record(tried=True), "leaving": True, "spare_gpus": True}, WAIT),
+    ({"record": drain_record(), "leaving": False, "spare_gpus": True}, DROP),
+    ({"record": drain_record(), "leaving": True, "others_ready": 1}, DROP),
+    ({"record": drain_record(), "leaving": True, "now": NOW + 30}, LET_GO),
+    ({"record": replacing(node="n1", node_since=NOW - 30), "leaving": True}, LET_GO),
+    ({"record": drain_record(), "leaving": True, "now": NOW + 30, "serves": False}, DELETE),
 ])
 def test_replace_step(kw, step):
-    kw = {"present": True, "serves": True, "others_ready": 0, "min_available": 1,
-          "since": NOW, "now": NOW + 5, **kw}
-    assert replace_step(timeout_s=100, **kw) == step
+    kw = {"record": replacing(), "present": True, "serves": True, "running": None,
+          "others_ready": 0, "min_available": 1, "replacement_ready": False,
+          "unschedulable_s": 0.0, "replicas": 2, "leaving": False, "spare_gpus": None,
+          "now": NOW + 5, **kw}
+    assert replace_step(timeout_s=100, drain_timeout_s=60, node_drain_wait_s=30,
+                        min_drain_s=2, **kw) == step
+
+
+def view(name, ready=True, in_service=True, deleting=False, engine_dead=False,
+         in_flight=False):
+    return PodView(name, ready, deleting, in_service, engine_dead, in_flight)
+
+
+def test_a_pod_another_action_removes_is_no_capacity_for_a_second_removal():
+    """Two sick pods, minAvailable 2, one replacement ready for the first: the second may not
+    take that replacement for spare capacity and go too."""
+    pods_ = [view("a", in_flight=True), view("b"), view("replacement-of-a")]
+    assert needs_replacement(pods_, "b", policy(minAvailable=2))
+    assert not needs_replacement([*pods_, view("spare")], "b", policy(minAvailable=2))
+
+
+@pytest.mark.parametrize("target,others,min_available,always_allow,action", [
+    # the only replica serves: its eviction breaks minAvailable: replaced first
+    (view("a"), [], 1, False, REPLACE),
+    (view("a"), [view("b")], 1, False, None),  # the budget lets its eviction through
+    (view("a"), [view("b")], 2, False, REPLACE),
+    (view("a"), [view("b", ready=False)], 1, False, REPLACE),
+    (view("a", deleting=True), [], 1, False, None),  # going already
+    (view("a", in_service=False), [], 1, False, None),  # another action drains it
+    # it serves nothing: deleted when the budget would refuse its eviction (not ready, too
+    # few others ready) and the apiserver has no unhealthyPodEvictionPolicy to let it through
+    (view("a", ready=False), [], 1, False, DELETE),
+    (view("a", ready=False), [], 1, True, None),
+    (view("a", ready=False), [view("b")], 1, False, None),
+    (view("a", ready=False), [], 0, False, None),
+])
+def test_node_drain_action(target, others, min_available, always_allow, action):
+    assert node_drain_action(target, [target, *others], policy(minAvailable=min_available),
+                             always_allow) == action
 
 
 def test_lowered_replicas_only_from_the_count_the_drain_began_with():
@@ -268,6 +345,16 @@ def test_remediating_report():
     assert "no GPU is free" in r.message
     budget = run(history=[NOW - i for i in range(6)])
     assert remediating_report({}, [(incident(), budget)]).reason == "RestartBudgetExhausted"
+
+
+def test_remediating_report_says_what_a_node_drain_waits_for():
+    r = remediating_report({"u": drain_record()}, [], NOW + 10, node_drain_wait_s=30)
+    assert (r.status, r.reason) == ("True", "WaitingForCapacity")
+    assert "leaving node n1" in r.message and "let go in 20 s" in r.message
+    r = remediating_report({"u": drain_record(surge=True)}, [], NOW)
+    assert r.reason == "ReplacingPod" and "its node n1 is being drained" in r.message
+    r = remediating_report({"u": drain_record(drain_since=NOW)}, [], NOW)
+    assert r.reason == "DrainingPod" and "draining p0" in r.message
 
 
 def pod(name="p0", ready=True, since="2026-01-01T00:00:00Z", restarts=0, last=None,
@@ -292,7 +379,8 @@ T0 = 1767225600.0  # 2026-01-01T00:00:00Z
 def test_pod_view():
     assert pod_view(pod()) == PodView("p0", True)
     assert not pod_view(pod(deleting=True)).capacity
-    assert not pod_view(pod(labels={builders.IN_SERVICE_LABEL: "false"})).capacity
+    out = pod_view(pod(labels={builders.IN_SERVICE_LABEL: "false"}))
+    assert not out.capacity and out.serves  # drained, not dead: its requests still finish
     assert not pod_view(pod(), engine_dead=True).capacity
     assert not pod_view(pod(ready=False)).capacity
 
@@ -330,3 +418,56 @@ def test_unpatched(ready, age, plugin, unpatched):
 
 def test_unpatched_report_needs_pods():
     assert unpatched_report({}) is None
+
+
+@pytest.mark.parametrize("age,plugin,log_off,log_unread,kind", [
+    # a log with vLLM's header and no startup line: the plugin is missing
+    (61, None, None, None, "Unpatched"),
+    # no line in vLLM's format by then: the log cannot be read, which says nothing of the plugin
+    (61, None, None, "no line in vLLM's log format was seen", "LogDetectionOff"),
+    (59, None, None, "no line in vLLM's log format was seen", None),  # within the grace
+    # a prefix that cannot be known: off at once
+    (1, None, "its VLLM_LOGGING_PREFIX comes from valueFrom", None, "LogDetectionOff"),
+    # an inactive line was read, so the log can be read: the plugin failed
+    (1, "inactive: HfRenderer not found", None, None, "Unpatched"),
+])
+def test_an_unreadable_log_is_log_detection_off_never_unpatched(age, plugin, log_off,
+                                                                log_unread, kind):
+    from vlm_operator.remediation import log_detection_report
+
+    found = pod_findings(pod(), now=T0 + age, engine_dead_at=None, plugin=plugin,
+                         log_off=log_off, log_unread=log_unread)
+    assert [f.kind for f in found] == ([kind] if kind else [])
+    report = log_detection_report({"p0": found})
+    assert report.status == ("True" if kind == "LogDetectionOff" else "False")
+    if kind == "LogDetectionOff":
+        assert report.reason == "LogUnreadable" and "p0: log detection off: " in report.message
+        assert found[0].key == "p0/logoff/0"
+    assert log_detection_report({}) is None
+
+
+def test_the_startup_line_grace_counts_from_when_the_log_began_to_be_read():
+    """A fresh operator process sees pods ready for hours before its followers have read a
+    line: it reported them Unpatched (an Event each) at once, then took it back."""
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=None) == []
+    assert pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3590) == []
+    (f,) = pod_findings(pod(), now=T0 + 3600, engine_dead_at=None, plugin=None,
+                        reading_since=T0 + 3500)
+    assert f.kind == "Unpatched"
+
+
+def test_an_action_ends_only_once_its_pod_has_left():
+    """The replica count drops only once the deleted pod is gone (or long past its deadline):
+    a ReplicaSet that has not seen the deletion would otherwise remove a pod that serves."""
+    from vlm_operator.remediation import SETTLE_S, parse_time, settled
+
+    deadline = "2026-01-01T00:00:10Z"
+    at = parse_time(deadline)
+    terminating = {"metadata": {"name": "p", "deletionTimestamp": deadline}}
+    assert settled(None, at)
+    assert not settled(terminating, at - 5)
+    assert not settled(terminating, at + SETTLE_S - 1)
+    assert settled(terminating, at + SETTLE_S)
+    assert not settled({"metadata": {"name": "p"}}, at + 3600)  # not deleted at all

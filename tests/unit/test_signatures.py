@@ -127,7 +127,8 @@ def test_retry_near_misses(msg):
     ("ERROR", "core_client.py", "Engine core proc EngineCore died unexpectedly, shutting down"),
     ("ERROR", "async_llm.py", DEAD),  # exception lines count only inside a traceback
     ("ERROR", "serving.py", "RuntimeError: Already borrowed"),
-    ("WARNING", "plugin.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=4 patched=x"),
+    # WARNING is a level it may come at (VLLM_LOGGING_LEVEL=WARNING), ERROR is not
+    ("ERROR", "plugin.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=4 patched=x"),
     ("INFO", "plugin.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=four patched=x"),
     ("INFO", "serving.py", "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=4 patched=x"),
 ])
@@ -502,3 +503,77 @@ def test_split_line_keeps_headerless_process_tag():
     ln = split_line(K8S + "(EngineCore pid=4) Traceback (most recent call last):\r\n")
     assert (ln.proc, ln.pid, ln.level, ln.message, ln.continued) == (
         "EngineCore", 4, None, "Traceback (most recent call last):", True)
+
+
+# ---------------------------------------------------------------- a hostile tenant's own log
+
+
+def test_distinct_process_prefixes_keep_bounded_state():
+    """The pod's owner writes the whole log: 100,000 lines each from a different `(Proc
+    pid=N)` kept state per process without end (13 MB here, 132 MB per million). The Scanner
+    keeps at most MAX_PROCESSES of them."""
+    import tracemalloc
+
+    sc = Scanner()
+    flood = (f"(P{i} pid={i}) INFO 11-29 07:41:31 [x.py:1] line {i}\r" for i in range(100_000))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for line in flood:
+            sc.feed(line)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 256 * 1024, f"{kept} bytes kept for 100,000 distinct processes"
+    from vlm_operator.signatures import MAX_PROCESSES
+
+    assert sc.processes == MAX_PROCESSES
+
+
+def test_giant_pids_and_line_numbers_are_no_header_and_raise_nothing():
+    """A pid of more than 4,300 digits made int() raise ValueError on every such line (and
+    each logged a traceback in the operator). Bounded fields: such a line has no header."""
+    giant = "9" * 5000
+    lines = [f"(EngineCore pid={giant}) ERROR 11-29 07:41:31 [core.py:1] "
+             "EngineCore encountered a fatal error.",
+             f"(EngineCore pid=7) ERROR 11-29 07:41:31 [core.py:{giant}] "
+             "EngineCore encountered a fatal error.",
+             f"({'E' * 5000} pid=7) ERROR 11-29 07:41:31 [core.py:1] "
+             "EngineCore encountered a fatal error."]
+    sc = Scanner()
+    for line in lines:
+        assert sc.feed(line) == []
+        assert split_line(line).level is None
+    # the stream goes on: a real line after them still counts
+    [d] = sc.feed(h_033("ERROR", "core.py", 1, "EngineCore encountered a fatal error."))
+    assert (d.signature, d.variant) == ("engine_dead", "fatal_error")
+
+
+def test_a_traceback_interleaved_with_many_processes_is_still_read():
+    """The bound is far above what a vLLM container runs: an API server's traceback block
+    interleaved with lines of 40 other processes (engine cores, workers) is still read."""
+    record = vllm_record("async_llm.py", logging.ERROR, "AsyncLLM output_handler failed.",
+                         exc=raised(RuntimeError("Engine core process EngineCore died "
+                                                 "unexpectedly.")))
+    others = [f"(Worker_TP{i} pid={100 + i}) INFO 11-29 07:41:31 [w.py:1] step\r"
+              for i in range(40)]
+    lines = [x for line in record for x in (line, *others)]
+    assert [(d.variant, d.source) for d in scan(lines)] == [
+        ("output_handler_failed", "line"), ("process_died", "traceback")]
+
+
+@pytest.mark.parametrize("style", [h_017, h_033], ids=lambda f: f.__name__)
+def test_a_prefix_the_scanner_was_not_told_is_seen_for_reporting_only(style):
+    lines = [style("INFO", "api_utils.py", 286, "non-default args: {}", prefix="[img] "),
+             style("ERROR", "core.py", 1, "EngineCore encountered a fatal error.",
+                   prefix="[img] ")]
+    sc = Scanner()
+    assert [d for line in lines for d in sc.feed(line)] == []  # never matched through it
+    assert (sc.headered, sc.foreign) == (0, 1)  # counted once: enough to report it
+    told = Scanner(logging_prefix="[img] ")
+    assert [d.variant for line in lines for d in told.feed(line)] == ["fatal_error"]
+    assert (told.headered, told.foreign) == (2, 0)
+    plain = Scanner()
+    for line in ["INFO:     127.0.0.1:1 - \"GET /health HTTP/1.1\" 200 OK", "print output"]:
+        plain.feed(line)
+    assert (plain.headered, plain.foreign) == (0, 0)

@@ -284,3 +284,56 @@ def test_extra_signatures_get_defaults():
     assert vlmd.spec["health"]["extraSignatures"] == [
         {"name": "oom", "regex": "CUDA out of memory", "action": "Restart", "threshold": 1,
          "windowSeconds": 60}]
+
+
+def env(*pairs, **from_):
+    return {"vllm": {"env": [{"name": n, "value": v} for n, v in pairs]
+                     + [{"name": n, "valueFrom": {"configMapKeyRef": {"name": "c", "key": k}}}
+                        for n, k in from_.items()]}}
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (env(VLLM_LOGGING_PREFIX="prefix"),
+     "spec.vllm.env[0].valueFrom: VLLM_LOGGING_PREFIX must be a literal value: the operator "
+     "reads vLLM's log with it"),
+    (env(("VLLM_LOGGING_PREFIX", "[vllm]\n")),
+     "spec.vllm.env[0].value: VLLM_LOGGING_PREFIX must be at most 64 printable characters"),
+    (env(("VLLM_LOGGING_PREFIX", "x" * 65)),
+     "spec.vllm.env[0].value: VLLM_LOGGING_PREFIX must be at most 64 printable characters"),
+    (env(("VLLM_CONFIGURE_LOGGING", "0")),
+     "spec.vllm.env[0].value: VLLM_CONFIGURE_LOGGING=0 leaves vLLM's logging unconfigured: its "
+     "lines lose the header"),
+    (env(("VLLM_CONFIGURE_LOGGING", "yes")),
+     "spec.vllm.env[0].value: VLLM_CONFIGURE_LOGGING must be 0 or 1, got 'yes'"),
+    (env(VLLM_CONFIGURE_LOGGING="on"),
+     "spec.vllm.env[0].valueFrom: VLLM_CONFIGURE_LOGGING must be a literal value"),
+    (env(("A", "1"), ("VLLM_LOGGING_LEVEL", "error")),
+     "spec.vllm.env[1].value: VLLM_LOGGING_LEVEL=ERROR hides the WARNING lines log-based "
+     "remediation acts on"),
+    (env(("VLLM_LOGGING_LEVEL", "CRITICAL")),
+     "spec.vllm.env[0].value: VLLM_LOGGING_LEVEL=CRITICAL hides the WARNING lines"),
+    (env(("VLLM_LOGGING_LEVEL", "loud")),
+     "spec.vllm.env[0].value: VLLM_LOGGING_LEVEL 'loud' is not a log level"),
+    (env(VLLM_LOGGING_LEVEL="level"),
+     "spec.vllm.env[0].valueFrom: VLLM_LOGGING_LEVEL must be a literal value"),
+])
+def test_logging_settings_that_hide_the_log_are_refused(spec, expected):
+    found = problems_of(cr(**spec))
+    assert any(p.startswith(expected) for p in found), found
+
+
+@pytest.mark.parametrize("pairs", [
+    [("VLLM_LOGGING_PREFIX", "[vllm] ")], [("VLLM_CONFIGURE_LOGGING", "1")],
+    [("VLLM_LOGGING_LEVEL", "warning")], [("VLLM_LOGGING_LEVEL", "DEBUG")],
+    [("VLLM_LOGGING_COLOR", "1")],
+])
+def test_logging_settings_the_operator_reads_are_fine(pairs):
+    vlmd = parse(cr(**env(*pairs)))
+    assert vlmd.warnings == ()
+
+
+def test_a_custom_logging_config_is_a_warning():
+    vlmd = parse(cr(**env(("VLLM_LOGGING_CONFIG_PATH", "/etc/vllm/logging.json"))))
+    assert [w.split(";")[0] for w in vlmd.warnings] == [
+        "spec.vllm.env[0]: VLLM_LOGGING_CONFIG_PATH replaces vLLM's log format"]
+    assert "LogDetectionOff=True" in vlmd.warnings[0]

@@ -426,3 +426,48 @@ def test_api_keys_follow_vllm():
     assert not authorized("/v1/models", "Basic a", ["a"])
     assert not authorized("/v2/x", None, ["a"]) and not authorized("/inference/x", "", ["a"])
     assert authorized("/metrics", None, ["a"]) and authorized("/v1/models", None, [])
+
+
+@pytest.mark.parametrize("version,shape", [
+    ("0.32.0", r"\[v\] \(APIServer pid=\d+\) INFO "),
+    ("0.17.1", r"\(APIServer pid=\d+\) \[v\] INFO ")])
+def test_logging_prefix_where_vllm_writes_it(sim_factory, version, shape):
+    """0.32 puts the process tag in its logger's format after VLLM_LOGGING_PREFIX; before, the
+    tag was added in front of all the process printed (tests/engine checks 0.32 against vLLM's
+    own logger)."""
+    from vlm_operator.signatures import Scanner
+
+    s = sim_factory(env={"VLM_SIM_VLLM_VERSION": version, "VLLM_LOGGING_PREFIX": "[v] ",
+                         "VLM_TOKENIZER_POOL_SIZE": "3"})
+    s.wait_ready()
+    pool = s.wait_for_line("vlm-tokenizer-pool active:")
+    assert re.match(shape, pool), pool
+    scanner = Scanner(logging_prefix="[v] ")
+    assert [d.signature for line in list(s.lines) for d in scanner.feed(line)] == [
+        "plugin_active", "plugin_active"]  # the API server's and the engine core's
+    assert not any(d for line in list(s.lines) for d in Scanner().feed(line))  # not told
+
+
+def test_warning_level_drops_info_lines_but_not_the_plugin_line(sim_factory):
+    s = sim_factory(env={"VLLM_LOGGING_LEVEL": "warning", "VLM_TOKENIZER_POOL_SIZE": "3"})
+    s.wait_ready()
+    pool = s.wait_for_line("vlm-tokenizer-pool active:")
+    assert " WARNING " in pool
+    assert not any(" INFO " in x and "pid=" in x for x in s.lines)
+
+
+def test_hostile_log_faults(sim_factory):
+    """A tenant's image may write anything: a flood of distinct process tags, and engine
+    failure lines whose pid is 5,000 digits long."""
+    s = sim_factory()
+    s.wait_ready()
+    s.post("/sim/fault", [{"fault": "proc_flood", "lines": 2500},
+                          {"fault": "giant_pid", "lines": 3, "digits": 5000}])
+    s.wait_for_line("(Flood2499 pid=2499) INFO ")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum("9" * 5000 in x for x in s.lines) < 3:
+        time.sleep(0.05)
+    flood = [x for x in s.lines if x.startswith("(Flood")]
+    assert len({x.split(")")[0] for x in flood}) == 2500
+    giant = [x for x in s.lines if "9" * 5000 in x]
+    assert len(giant) == 3 and all("EngineCore encountered a fatal error." in x for x in giant)

@@ -46,8 +46,10 @@ What the operator does inside a watched namespace, read off the code:
 - deployments, services, poddisruptionbudgets, persistentvolumeclaims: kopf watches the managed
   ones; kube.py reads them and server-side applies them (patch; create when missing). Deletion
   is left to the garbage collector through ownerReferences.
-- pods: kopf watches; kube.py lists; log watching reads one (get) and streams pods/log; a
-  remediation or a scale-down deletes a pod, or relabels it out of the Service first (patch).
+- pods: kopf watches; kube.py lists; log watching streams pods/log, writes each pod's resume
+  mark annotation (patch) and reads a pod that does not run after 10 minutes without an event
+  (get); a remediation or a scale-down deletes a pod, or relabels it out of the Service first
+  (patch).
 - events: kube.py and kopf post Events (create).
 - horizontalpodautoscalers, scaledobjects: every reconcile deletes the one a VLMDeployment does
   not want (a 404 when there is none), so delete is always granted; the rest only with
@@ -113,7 +115,9 @@ What the operator does inside a watched namespace, read off the code:
 Cluster-scoped reads, needed in every mode:
 - customresourcedefinitions: kopf scans and watches them to find its resources.
 - rbac.gpuCapacity: the Builtin autoscaler lists Nodes and all Pods (every namespace: GPUs
-  requested by anyone's pods are not free) and PriorityClasses, to cap scale-ups by free GPUs.
+  requested by anyone's pods are not free) and PriorityClasses, to cap scale-ups by free GPUs;
+  surge replacements ask the same budget; Nodes are watched for drains (cordoned, or tainted by
+  the cluster autoscaler or Karpenter), so a drain is noticed within a second.
 - namespaces (namespaced mode only): kopf lists/watches them to start per-namespace watches.
 - clusterkopfpeerings (cluster-wide mode only): kopf's peering object.
 */}}
@@ -124,7 +128,7 @@ Cluster-scoped reads, needed in every mode:
 {{- if .Values.rbac.gpuCapacity }}
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["pods"]
