@@ -19,6 +19,9 @@ vLLM has `renderer_num_workers` (N): its N renderer threads and the event loop (
 reasoning parsers), N + 1; from 0.29 also the one-thread multimodal executor, N + 2. Before
 0.19, VLM_TOKENIZER_POOL_SIZE (the operator sets rendererNumWorkers + 1; default 2).
 
+The engine heartbeat (heartbeat.py) is installed from here too, on the same versions: a line
+every few seconds from the engine core's step loop, for the operator's hung-engine detection.
+
 Startup lines through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md): `active` once per
 process, when a tokenizer in that process was actually pooled, with the size it got; `inactive`
 for every distinct failure in a process (unsupported version, failed patch, a tokenizer that
@@ -160,14 +163,14 @@ class _State:
             if self.active_logged:
                 return
             self.active_logged = True
-        _emit(_active_level(), active_line(self.version, pool_size, self.targets))
+        emit(_active_level(), active_line(self.version, pool_size, self.targets))
 
     def log_inactive(self, reason: str) -> None:
         with self.lock:
             if reason in self.reasons:
                 return
             self.reasons.add(reason)
-        _emit(logging.WARNING, inactive_line(self.version, reason))
+        emit(logging.WARNING, inactive_line(self.version, reason))
 
 
 _state = _State()
@@ -202,27 +205,29 @@ def _active_level() -> int:
     return logging.WARNING if isinstance(level, int) and level > logging.INFO else logging.INFO
 
 
-def _emit(level: int, message: str) -> None:
+def emit(level: int, message: str, log: logging.Logger = logger, stacklevel: int = 3) -> None:
     """Log through vLLM's handler; before vLLM configured its logging (0.33 loads plugins while
-    building its CLI parser, then configures logging) use a one-shot handler with vLLM's format,
-    so the line still carries vLLM's header and is not dropped."""
+    building its CLI parser, then configures logging; a process that builds vLLM's objects
+    without `vllm serve` may never configure it) use a one-shot handler with vLLM's format, so
+    the line still carries vLLM's header and is not dropped. `stacklevel`: whose file and line
+    the header names (3: the caller of the function that called this)."""
     if logging.getLogger("vllm").handlers or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
-        logger.log(level, message, stacklevel=3)
+        log.log(level, message, stacklevel=stacklevel)
         return
     to_stderr = os.environ.get("VLLM_LOGGING_STREAM") == "ext://sys.stderr"
     handler = logging.StreamHandler(sys.stderr if to_stderr else sys.stdout)
     handler.setFormatter(_vllm_formatter())
     handler.addFilter(_with_process_name)
-    saved = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     try:
-        logger.log(level, message, stacklevel=3)
+        log.log(level, message, stacklevel=stacklevel)
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
 def installed_vllm_version() -> str:
@@ -253,6 +258,22 @@ def register() -> None:
         _activate(installed_vllm_version())
     except Exception as exc:  # a plugin must never take vLLM down
         _state.log_inactive(f"{type(exc).__name__}: {exc}")
+    _start_heartbeat(_state.version)
+
+
+def _start_heartbeat(version: str) -> None:
+    """The engine heartbeat (heartbeat.py), on the vLLM versions whose scheduler it knows; a
+    failure says so in a warning and never touches the tokenizer pool's lines."""
+    parsed = parse_version(version)
+    if parsed is None or not SUPPORTED[0] <= parsed[:2] <= SUPPORTED[1]:
+        return
+    try:
+        from vllm_tokenizer_pool import heartbeat
+
+        heartbeat.install()
+    except Exception as exc:
+        emit(logging.WARNING, "vlm-engine-heartbeat off: reason=" + " ".join(
+            f"{type(exc).__name__}: {exc}".split()))
 
 
 def _activate(version: str) -> None:

@@ -211,17 +211,28 @@ def _spec() -> s.Schema:
                     "engineDead": _signature_policy(
                         "engine death (EngineDeadError)", 1, 60, "Restart"),
                     "engineStalled": s.obj(
-                        "A hung engine: /health still answers but nothing progresses. When a "
-                        "pod's progress counters (vllm:generation_tokens_total, "
-                        "vllm:prompt_tokens_total, vllm:request_success_total) stand still, "
-                        "the operator sends it a canary, a 1-token completion (request id "
-                        "vlm-operator-canary-*); no progress and no answer for stallSeconds is "
-                        "a stall. An idle pod costs one canary per stallSeconds minus "
+                        "A hung engine: /health still answers but nothing progresses. Where the "
+                        "vlm-operator plugin runs, its engine heartbeat (a log line every 5 s "
+                        "from the engine's step loop) decides: a stall is steps standing still "
+                        "with requests waiting for stallSeconds, one step running past "
+                        "stallSeconds + its tokens / minTokensPerSecond, or a heartbeat that "
+                        "stopped while the log went on. Otherwise, when a pod's progress "
+                        "counters (vllm:generation_tokens_total, vllm:prompt_tokens_total, "
+                        "vllm:request_success_total) stand still, the operator sends it a "
+                        "canary, a 1-token completion (request id vlm-operator-canary-*); no "
+                        "progress and no answer for stallSeconds is a stall. An idle pod "
+                        "without the heartbeat costs one canary per stallSeconds minus "
                         "canaryTimeoutSeconds; a busy one none.",
                         {
                             "stallSeconds": s.integer(
                                 "Seconds without progress or a canary answer that make a stall.",
                                 default=30, minimum=10, maximum=3600),
+                            "minTokensPerSecond": s.integer(
+                                "The slowest a working engine computes the tokens of one step "
+                                "(prompt chunks, decodes and encoder inputs): a step the "
+                                "heartbeat reports running may take stallSeconds + its tokens "
+                                "/ this before it counts as stalled. Lower it for slow hardware "
+                                "(CPU serving).", default=50, minimum=1, maximum=1000000),
                             "canaryTimeoutSeconds": s.integer(
                                 "How long the canary may take; it is sent this long before "
                                 "stallSeconds run out, so less than stallSeconds.",

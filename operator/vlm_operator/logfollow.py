@@ -330,6 +330,7 @@ class Follower(threading.Thread):
         self.engine_dead_at: float | None = None
         self.readable_before = False  # the resume mark says vLLM's header was seen before it
         self.reading_since: float | None = None  # when this container's log began to be read
+        self.last_line_at: float | None = None  # when the stream last delivered a line
         self._response = None
         self._timer: threading.Timer | None = None
         self._resumed = False  # the resume mark is looked at once, for the first container
@@ -535,6 +536,7 @@ class Follower(threading.Thread):
             LOG_LINES_DEDUPLICATED.inc()
             return
         LOG_LINES.inc()
+        self.last_line_at = time.time()
         readable = self.readable
         try:
             extra = self.sink.extra_signatures(self.namespace, self.owner)

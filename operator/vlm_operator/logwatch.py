@@ -22,6 +22,7 @@ from vlm_operator.kube import Kube
 from vlm_operator.logfollow import Follower, Mark, Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
 from vlm_operator.remediator import Remediator
+from vlm_operator.stall_watch import Heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,17 @@ class LogWatch:
                  drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S,
                  node_drain_wait_s: float = remediation.NODE_DRAIN_WAIT_S,
                  may_mark: Callable[[str], bool] | None = None,
-                 mark_every_s: float = logfollow.MARK_EVERY_S) -> None:
+                 mark_every_s: float = logfollow.MARK_EVERY_S,
+                 heartbeats: Heartbeats | None = None) -> None:
         """`reconcile(namespace, name)` publishes status after an action and logs its own errors
         (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
         (peering.py), None when it runs alone; `replica_fits(vlmd, pending)`: for surge
         replacements; `leaving_nodes()`: for node drains (Remediator); `may_mark(namespace)`:
         whether this replica writes the pods' resume marks (the active one: one writer; None
-        when it runs alone); `mark_every_s`: at most one mark per pod this often."""
+        when it runs alone); `mark_every_s`: at most one mark per pod this often;
+        `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
         self.kube = kube
+        self.heartbeats = heartbeats if heartbeats is not None else Heartbeats()
         self.reconcile = reconcile
         self.may_mark = may_mark or (lambda namespace: True)
         self.mark_every_s = mark_every_s
@@ -90,6 +94,7 @@ class LogWatch:
             self._events_sent = {k for k in self._events_sent
                                  if not k.startswith(follower.name + "/")}
         self.windows.forget(follower.uid)
+        self.heartbeats.forget(follower.uid)
         if follower.owner:
             self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
 
@@ -231,6 +236,10 @@ class LogWatch:
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
         DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
+        if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
+            proc = det.line.proc if det.line is not None and det.line.proc else "engine"
+            self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower)
+            return
         if det.signature in ("plugin_active", "plugin_inactive"):
             was = follower.plugin
             if det.signature == "plugin_inactive":

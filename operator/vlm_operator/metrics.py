@@ -55,7 +55,7 @@ REMEDIATIONS_SKIPPED = Counter("vlm_operator_remediations_skipped_total",
                                "and reason).", [*_VLMD, "reason"])
 CANARIES = Counter("vlm_operator_canaries_total",
                    "Canary completions sent to pods whose progress counters stood still, by "
-                   "result (answered, timeout, refused, error).", [*_VLMD, "result"])
+                   "result (answered, timeout, refused, unauthorized, error).", [*_VLMD, "result"])
 LOG_LINES = Counter("vlm_operator_log_lines_total",
                     "Log lines read from managed pods (after de-duplication).")
 LOG_LINES_TRUNCATED = Counter("vlm_operator_log_lines_truncated_total",

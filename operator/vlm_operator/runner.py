@@ -26,7 +26,7 @@ from vlm_operator.reconciler import Reconciler
 from vlm_operator.rounds import Rounds
 from vlm_operator.scrape import Scraper
 from vlm_operator.sharding import Shard, ordinal
-from vlm_operator.stall_watch import StallWatch
+from vlm_operator.stall_watch import Heartbeats, StallWatch
 from vlm_operator.watchdog import Watchdog
 
 STORAGE_PREFIX = "serving.vlm-operator.dev"
@@ -171,21 +171,22 @@ def run(args: argparse.Namespace) -> int:
         peering = None if args.standalone else Peering(
             memo.reconciler.kube, peering_name, identity, args.priority,
             namespaced=bool(args.namespaces))
+        heartbeats = Heartbeats()  # the log followers write the engine heartbeats, rounds read
         memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
             memo.reconciler.kube, memo.reconciler.refresh,
             may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
             replica_fits=memo.autoscaler.replica_fits, leaving_nodes=memo.cluster.leaving_nodes,
             node_drain_wait_s=args.node_drain_wait_seconds,
             may_mark=peering.may_act if peering else None,
-            mark_every_s=args.log_mark_seconds)
-        memo.reconciler.report_providers.append(memo.logwatch.reports)
+            mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
+        stall_watch = StallWatch(memo.logwatch.remediator, heartbeats)
+        memo.reconciler.report_providers += [memo.logwatch.reports, stall_watch.reports]
         memo.autoscaler.failing_pods = memo.logwatch.failing_pods
         memo.scraper = Scraper()
         reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
         memo.reconciler.report_providers.append(reads.reports)
         rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        StallWatch(memo.logwatch.remediator), memo.autoscaler, reads,
-                        memo.logwatch.remediator)
+                        stall_watch, memo.autoscaler, reads, memo.logwatch.remediator)
 
         def forget(namespace: str, name: str) -> None:
             """The VLMDeployment is gone (or another shard's): its round state and series."""

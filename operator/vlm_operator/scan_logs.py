@@ -1,7 +1,9 @@
 """`vlm-operator scan-logs FILE...`: run the log signatures over saved vLLM logs.
 
 Prints one JSON object per raw detection (per matching line; detections of one event share an
-`incident` number) on stdout and a per-file summary on stderr. Streams: constant memory.
+`incident` number) on stdout and a per-file summary on stderr; the plugin's engine heartbeat
+(a line every few seconds, evidence rather than an event) is only counted in the summary.
+Streams: constant memory.
 Files are read as bytes and split on `\\n` only, so vLLM's `\\r` continuation marks survive;
 gzip is recognised by its magic bytes; `-` is stdin.
 """
@@ -19,6 +21,7 @@ from vlm_operator.signatures import Scanner, Signature, SignatureConfigError
 from vlm_operator.signatures import compile_extra_signatures as _compile
 
 _GZIP_MAGIC = b"\x1f\x8b"
+COUNTED_ONLY = frozenset({"engine_heartbeat"})
 
 
 def _open(path: str, stdin: BinaryIO | None) -> BinaryIO:
@@ -68,8 +71,9 @@ def main(paths: list[str], stdout: TextIO, stderr: TextIO, extra_signatures=(),
                     for det in scanner.feed(text):
                         raw_counts[det.signature] += 1
                         incidents[det.signature] += det.new_incident
-                        stdout.write(json.dumps({"file": name, "line": lines, **det.as_dict()})
-                                     + "\n")
+                        if det.signature not in COUNTED_ONLY:
+                            stdout.write(json.dumps({"file": name, "line": lines,
+                                                     **det.as_dict()}) + "\n")
             finally:
                 if path != "-":
                     fh.close()

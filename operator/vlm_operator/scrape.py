@@ -49,6 +49,7 @@ SCRAPE_WORKERS = 32
 START_BY_S = 0.5  # a round's read not started by then is not read this round (BUSY)
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 HTTP_ERROR = "http_error"  # an answer with a status other than the one asked for
+UNAUTHORIZED = "unauthorized"  # HTTP 401/403: an API key guards /v1; the operator holds none
 BUSY = "busy"  # not read this round: its last read still runs, or its share of workers was
 # taken until the round stopped waiting; says nothing about the pod
 NO_IP = "no-ip"
@@ -148,14 +149,15 @@ def canary_id() -> str:
 def canary(ip: str, timeout_s: float, request_id: str) -> str:
     """The smallest completion (max_tokens 1, a fixed 1-token prompt) for the model the pod
     serves, both exchanges within timeout_s: ANSWERED, or an error kind (TIMEOUT only on a
-    connection the pod accepted; UNREACHABLE when none could be made; HTTP_ERROR, no model
-    listed: BAD_ANSWER). The request id (X-Request-Id) and user field mark it as the
-    operator's in vLLM's logs."""
+    connection the pod accepted; UNREACHABLE when none could be made; UNAUTHORIZED: HTTP
+    401/403, an API key guards /v1 and the operator holds none; HTTP_ERROR, no model listed:
+    BAD_ANSWER). The request id (X-Request-Id) and user field mark it as the operator's in
+    vLLM's logs."""
     deadline = time.monotonic() + timeout_s
     try:
         models = _exchange(ip, "GET", "/v1/models", timeout_s, SMALL_CAP)
         if models.status != 200:
-            return HTTP_ERROR
+            return UNAUTHORIZED if models.status in (401, 403) else HTTP_ERROR
         try:
             model = json.loads(models.body)["data"][0]["id"]
         except (ValueError, KeyError, IndexError, TypeError):
@@ -168,6 +170,8 @@ def canary(ip: str, timeout_s: float, request_id: str) -> str:
                                     "X-Request-Id": request_id})
     except PodHTTPError as exc:
         return exc.kind
+    if answer.status in (401, 403):
+        return UNAUTHORIZED
     return ANSWERED if 200 <= answer.status < 300 else HTTP_ERROR
 
 

@@ -276,6 +276,14 @@ SIGNATURES: tuple[Signature, ...] = (
         _p("inactive", r"vlm-tokenizer-pool inactive: vllm=(?P<vllm_version>\S+) "
                        r"reason=(?P<reason>.*)", files=("plugin.py",), levels=("WARNING",)),
     )),
+    # the plugin's engine heartbeat (vllm_tokenizer_pool/heartbeat.py): stall detection's input
+    Signature("engine_heartbeat", "info", "record", (
+        _p("beat", r"vlm-engine-heartbeat every=(?P<every>\d{1,4}(?:\.\d{1,3})?) "
+                   r"steps=(?P<steps>\d{1,15}) in_flight=(?P<in_flight>\d{1,4}) "
+                   r"step_s=(?P<step_s>\d{1,9}\.\d) step_tokens=(?P<step_tokens>\d{1,12}) "
+                   r"running=(?P<running>\d{1,9}) waiting=(?P<waiting>\d{1,9})",
+           files=("heartbeat.py",), levels=("INFO",)),
+    )),
 )
 
 # Constant messages vLLM passes to logger.exception() before the tracebacks we read (0.11-0.33).

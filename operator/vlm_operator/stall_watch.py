@@ -3,6 +3,12 @@ canaries and /health checks run on CHECK_WORKERS workers shared fairly between n
 at a time per pod, each with its deadline), and verdicts reach the Remediator as engine_stalled
 or api_unresponsive incidents, with the same guards as log signatures.
 
+Where the vlm-operator plugin runs, the engine's own heartbeat (a log line every few seconds,
+read by the log followers into `Heartbeats`) decides first (stalls.by_heartbeat): it tells a
+long step from a wedged one, needs no network path to the pod and no API key. The counters and
+the canary decide for pods without it. A pod where neither can work (no heartbeat, the canary
+refused for want of an API key) is named in the StallDetection condition and an Event.
+
 A canary is a 1-token completion with request id `vlm-operator-canary-*` (header X-Request-Id,
 user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request_success_total
 like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
@@ -18,9 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from typing import Protocol
 
-from vlm_operator import scrape, stalls
+from vlm_operator import scrape, stalls, status
 from vlm_operator.fairpool import FairPool
+from vlm_operator.logfollow import restart_count
 from vlm_operator.metrics import CANARIES, DETECTIONS
 from vlm_operator.podhttp import TIMEOUT
 from vlm_operator.remediator import Remediator
@@ -33,9 +42,55 @@ CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly
 # namespaces (fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
+class LogSource(Protocol):
+    """A pod's log follower (logfollow.Follower): when it last delivered any line."""
+
+    last_line_at: float | None
+
+
+MAX_ENGINES = 16  # engine processes per pod kept (data-parallel ranks); a bound, not a limit
+
+
+class Heartbeats:
+    """The engine heartbeats the log followers saw, per pod and container instance (its
+    restart count): written by follower threads (logwatch.LogWatch.detected), read by the
+    rounds. Bounded: one entry per followed pod, MAX_ENGINES engine processes each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # pod uid -> (container instance, engine process name -> beat, the pod's log follower)
+        self._pods: dict[str, tuple[int, dict[str, stalls.Beat], LogSource]] = {}
+
+    def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
+             source: LogSource) -> None:
+        now = time.time()
+        with self._lock:
+            held, beats, _ = self._pods.get(uid, (instance, {}, source))
+            if held != instance:  # a new container: the old one's beats say nothing now
+                beats = {}
+            beats = {**beats, proc: stalls.beat(fields, beats.get(proc), now)}
+            while len(beats) > MAX_ENGINES:
+                del beats[min(beats, key=lambda k: beats[k].at)]
+            self._pods[uid] = (instance, beats, source)
+
+    def of(self, uid: str, instance: int) -> tuple[dict[str, stalls.Beat], float | None]:
+        """(engine process -> latest beat, when the pod's log last delivered a line) for the
+        pod's container `instance`; no beats for another instance."""
+        with self._lock:
+            held, beats, source = self._pods.get(uid, (instance, {}, None))
+        if held != instance or source is None:
+            return {}, None
+        return beats, source.last_line_at
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._pods.pop(uid, None)
+
+
 class StallWatch:
-    def __init__(self, remediator: Remediator) -> None:
+    def __init__(self, remediator: Remediator, heartbeats: Heartbeats) -> None:
         self.remediator = remediator
+        self.heartbeats = heartbeats
         self._pool = FairPool(CHECK_WORKERS, "check")
         self._lock = threading.Lock()
         # (namespace, name) -> pod uid -> progress, of running containers (canaries only for
@@ -47,21 +102,33 @@ class StallWatch:
         # the same, pod uids logged as unresponsive without the kubelet agreeing, until they
         # answer again (logged once)
         self._uncorroborated: dict[tuple[str, str], set[str]] = {}
+        # (namespace, name) -> pod name -> stalls.detector() of its running containers
+        self._detectors: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._publishing: set[tuple[str, str]] = set()  # VLMDeployments with a refresh running
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._progress.pop((namespace, name), None)
             self._pods.pop((namespace, name), None)
             self._uncorroborated.pop((namespace, name), None)
+            self._detectors.pop((namespace, name), None)
+
+    def reports(self, namespace: str, name: str) -> list[status.Report]:
+        """The StallDetection condition (report provider of the Reconciler)."""
+        with self._lock:
+            pods = self._detectors.get((namespace, name))
+        report = stalls.detection_report(pods or {})
+        return [report] if report else []
 
     def observe(self, vlmd: VLMDeployment, pods: list[dict],
                 scrapes: dict[str, scrape.Scrape]) -> None:
         """One round of a VLMDeployment: its pods and their readings (scrape.Scraper)."""
         health = vlmd.spec["health"]
         stalled, unresponsive = health["engineStalled"], health["apiUnresponsive"]
+        watching = stalled["action"] != "Ignore"
         key = (vlmd.namespace, vlmd.name)
         now = time.time()
-        due = []
+        due, stalls_found, detectors = [], [], {}
         with self._lock:
             before = self._progress.get(key, {})
             after = {}
@@ -73,12 +140,23 @@ class StallWatch:
                 progress = stalls.observe(before.get(uid), reading.values, now)
                 if reading.values is not None:
                     progress = stalls.after_health(progress, False, None)
+                beats, line_at = self.heartbeats.of(uid, restart_count(pod))
+                verdict = None
+                if watching and stalls.ready(pod):
+                    verdict, why = stalls.by_heartbeat(beats, line_at, now,
+                                                       stalled["stallSeconds"],
+                                                       stalled["minTokensPerSecond"])
+                    progress = stalls.after_heartbeat(progress, verdict, now)
+                    if verdict == stalls.STALLED and stalls.stall_report_due(
+                            progress, now, stalled["stallSeconds"]):
+                        progress = stalls.told(progress, now)
+                        stalls_found.append((pod, why))
                 after[uid] = progress
+                detectors[pod["metadata"]["name"]] = stalls.detector(bool(beats), progress)
                 if reading.error == TIMEOUT and unresponsive["action"] != "Ignore":
                     due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
-                elif stalls.ready(pod) and stalled["action"] != "Ignore" and stalls.canary_due(
-                        progress, now, stalled["stallSeconds"],
-                        stalled["canaryTimeoutSeconds"]):
+                elif verdict == stalls.UNKNOWN and stalls.canary_due(
+                        progress, now, stalled["stallSeconds"], stalled["canaryTimeoutSeconds"]):
                     due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))
             self._progress[key] = after
             self._pods[key] = {p["metadata"]["uid"]: p for p in pods
@@ -86,6 +164,16 @@ class StallWatch:
             answered = {uid for uid in after if after[uid].read_at == now}
             self._uncorroborated[key] = self._uncorroborated.get(key, set()) & (
                 set(after) - answered)
+            detectors = detectors if watching else {}
+            changed = ({n: d[0] for n, d in detectors.items()}
+                       != {n: d[0] for n, d in self._detectors.get(key, {}).items()})
+            self._detectors[key] = detectors
+        if changed:  # the StallDetection condition changes: publish it
+            self._publish(key)
+        for pod, why in stalls_found:
+            log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name,
+                        pod["metadata"]["name"], why)
+            self._report(vlmd, pod, "engine_stalled", now, why)
         for uid, check, pod, arg in due:
             self._start(uid, check, vlmd, pod, arg)
 
@@ -126,12 +214,50 @@ class StallWatch:
         CANARIES.labels(vlmd.namespace, vlmd.name, result).inc()
         now = time.time()
         judged = self._store(vlmd, uid, lambda p: stalls.after_canary(p, result, sent, now))
+        if judged is not None and result == stalls.UNAUTHORIZED:
+            self._detector_off(vlmd, pod, judged[0])
         if judged is None or judged[1] != stalls.STALLED:
             return
         progress = judged[0]
         detail = stalls.stall_detail(progress, now, timeout_s, request_id)
         log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name, name, detail)
         self._report(vlmd, pod, "engine_stalled", now, detail)
+
+    def _publish(self, key: tuple[str, str]) -> None:
+        """Refresh the VLMDeployment's status off the round's thread, one refresh at a time
+        per VLMDeployment (the Reconciler coalesces what comes meanwhile)."""
+        with self._lock:
+            if key in self._publishing:
+                return
+            self._publishing.add(key)
+
+        def run() -> None:
+            try:
+                self.remediator.reconcile(*key)
+            finally:
+                with self._lock:
+                    self._publishing.discard(key)
+
+        threading.Thread(target=run, daemon=True, name=f"detection {key[1]}").start()
+
+    def _detector_off(self, vlmd: VLMDeployment, pod: dict, progress: stalls.Progress) -> None:
+        """The canary was refused and the pod logs no heartbeat: say so (the StallDetection
+        condition, an Event) instead of going silently blind. Once per container: a refused
+        canary is never sent to it again."""
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        beats, _ = self.heartbeats.of(uid, restart_count(pod))
+        how, why = stalls.detector(bool(beats), progress)
+        with self._lock:
+            detectors = self._detectors.get((vlmd.namespace, vlmd.name))
+            if how != stalls.OFF or detectors is None:
+                return
+            self._detectors[(vlmd.namespace, vlmd.name)] = {**detectors, name: (how, why)}
+        log.warning("%s/%s: hung-engine detection off for %s: %s", vlmd.namespace, vlmd.name,
+                    name, why)
+        self.remediator._post(vlmd.namespace, vlmd.name, pod, status.Event(
+            "Warning", "StallDetectionOff", f"{name}: hung engines cannot be detected: {why}; "
+            "the vlm-operator plugin's engine heartbeat needs no API key"))
+        self.remediator.reconcile(vlmd.namespace, vlmd.name)
 
     def _check_api(self, vlmd: VLMDeployment, pod: dict, needed: int) -> None:
         """/metrics timed out this round on a connection the pod accepted: does /health answer

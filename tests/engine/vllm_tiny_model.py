@@ -238,12 +238,14 @@ MODEL_VERSION = 1  # bump when a builder's output changes: part of the cache key
 MODELS_CACHE = Path.home() / ".cache" / "vlm-operator" / "models"
 
 
-def write_qwen2_vl(path: Path, vocab_size: int = 600) -> Path:
+def write_qwen2_vl(path: Path, vocab_size: int = 600, max_positions: int = 2048) -> Path:
     """A tiny random-weight Qwen2-VL (text 128 wide, 2 layers; vision 64 wide, 1 block; head_dim
     64 in both) in the original checkpoint layout (model.*, visual.*, lm_head), which every vLLM
     release maps. Its image processor resizes any image to 56x56..112x112 pixels, so a 1x1 PNG
     costs 4 image tokens. ``vocab_size`` 151000 gives Qwen's vocabulary size (the embeddings stay
-    small: 128 wide). Needs torch + safetensors (run it with a vLLM venv's python)."""
+    small: 128 wide); ``max_positions`` 65536 allows prompts long enough that their prefill
+    takes seconds even on this tiny model (attention grows with the square of the length).
+    Needs torch + safetensors (run it with a vLLM venv's python)."""
     import torch
     from safetensors.torch import save_file
 
@@ -264,7 +266,7 @@ def write_qwen2_vl(path: Path, vocab_size: int = 600) -> Path:
         "num_attention_heads": heads,
         "num_key_value_heads": heads,
         "hidden_act": "silu",
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": max_positions,
         "max_window_layers": layers,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
@@ -336,6 +338,7 @@ def write_qwen2_vl(path: Path, vocab_size: int = 600) -> Path:
 BUILDERS = {
     "qwen2-vl": write_qwen2_vl,
     "qwen2-vl-151k": lambda path: write_qwen2_vl(path, vocab_size=151_000),
+    "qwen2-vl-long": lambda path: write_qwen2_vl(path, max_positions=65536),
     "llama": write_llama,
 }
 

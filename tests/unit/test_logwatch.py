@@ -84,6 +84,32 @@ def test_failing_pods_look_only_at_pods_with_incidents():
         watch.stop()
 
 
+def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
+    """Heartbeat lines go to the store stall detection reads (no incident, no API call),
+    keyed by the container instance and the engine process; the pod's log is noted as live."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
+        for pid, steps in ((7, 3), (8, 9)):
+            follower._line("2026-12-01T20:58:03.123Z " + vllmsim.engine_heartbeat_line(
+                "0.32.0", pid, 5, (steps, 1, 2.5, 2048, 1, 0)))
+        follower._line("2026-12-01T20:58:04.000Z (APIServer pid=1) INFO 12-01 20:58:04 "
+                       "[api_server.py:1] something else")
+        beats, line_at = watch.heartbeats.of("u", 0)
+        assert list(beats) == ["EngineCore"]  # one engine process name: the later pid wins
+        b = beats["EngineCore"]
+        assert (b.steps, b.in_flight, b.step_s, b.step_tokens, b.every) == (9, 1, 2.5, 2048, 5)
+        assert line_at is not None and line_at >= b.at
+        assert watch.heartbeats.of("u", 1) == ({}, None)  # another container instance
+        assert watch.remediator.known("ml", "") is None  # nothing was reported
+        watch.follower_ended(follower)
+        assert watch.heartbeats.of("u", 0) == ({}, None)
+    finally:
+        watch.stop()
+
+
 def test_a_fresh_follower_rereads_the_longest_log_window_only():
     """Counts in an incident window survive an operator restart by re-reading that much log;
     stall detection's window is not the log's, so it does not lengthen the replay."""
@@ -97,6 +123,22 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
         assert watch.lookback_s("ml", "demo") == 45
     finally:
         watch.stop()
+
+
+def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
+    from vlm_operator.stall_watch import MAX_ENGINES, Heartbeats
+
+    class Log:
+        last_line_at = 1.0
+
+    store, fields = Heartbeats(), {"every": "5", "steps": "1", "in_flight": "0",
+                                   "step_s": "0.0", "step_tokens": "0", "running": "0",
+                                   "waiting": "0"}
+    for i in range(MAX_ENGINES + 5):
+        store.beat("u", 0, f"EngineCore_DP{i}", fields, Log())
+    assert len(store.of("u", 0)[0]) == MAX_ENGINES
+    store.beat("u", 1, "EngineCore", fields, Log())  # restarted container
+    assert list(store.of("u", 1)[0]) == ["EngineCore"] and store.of("u", 0) == ({}, None)
 
 
 def test_a_flood_of_plugin_lines_is_not_a_status_change_per_line(monkeypatch):

@@ -107,3 +107,17 @@ def test_extra_signatures_are_reported(tmp_path):
                                                 "action": "restart"}])
     assert rc == 0 and [(d["signature"], d["line"]) for d in dets] == [("oom", 1)]
     assert "oom=1 lines/1 incidents" in err
+
+
+def test_engine_heartbeats_are_counted_not_listed(tmp_path):
+    """A heartbeat every 5 s is 17,000 lines a day: evidence for stall detection, not events
+    to list one by one."""
+    beat = ("(EngineCore pid=7) INFO 12-01 20:58:03 [heartbeat.py:162] vlm-engine-heartbeat "
+            "every=5 steps={} in_flight=0 step_s=0.0 step_tokens=0 running=0 waiting=0\n")
+    raw = (DATA / "vllm-0.32.0-excerpt.log").read_bytes()
+    p = tmp_path / "with-heartbeats.log"
+    p.write_bytes("".join(beat.format(i) for i in range(50)).encode() + raw)
+    rc, dets, err = run([p])
+    assert rc == 0 and [d["signature"] for d in dets] == ["engine_dead"] * 3
+    assert "76 lines: engine_dead=3 lines/1 incidents, engine_heartbeat=50 lines/50 " \
+           "incidents" in err

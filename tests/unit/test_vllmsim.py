@@ -322,6 +322,112 @@ def test_sigterm_exits_cleanly(sim_factory):
     assert s.proc.wait(10) == 0
 
 
+BEAT = re.compile(r"^\(EngineCore pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[heartbeat\.py:\d+\] "
+                  r"vlm-engine-heartbeat every=0\.5 steps=(\d+) in_flight=(\d+) "
+                  r"step_s=([\d.]+) step_tokens=(\d+) running=(\d+) waiting=(\d+)$")
+
+
+def beats(s: Sim) -> list[tuple[int, int, float, int, int, int]]:
+    return [(int(m[1]), int(m[2]), float(m[3]), int(m[4]), int(m[5]), int(m[6]))
+            for m in map(BEAT.match, list(s.lines)) if m]
+
+
+def wait_beats(s: Sim, check, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [b for b in beats(s) if check(b)]
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("no such heartbeat:\n" + "\n".join(s.lines[-20:]))
+
+
+PLUGIN = {"VLM_TOKENIZER_POOL_SIZE": "2", "VLM_ENGINE_HEARTBEAT_SECONDS": "0.5"}
+
+
+def test_the_heartbeat_comes_with_the_simulated_plugin_only(sim_factory):
+    s = sim_factory(env=PLUGIN)
+    absent = sim_factory(env={**PLUGIN, "VLM_SIM_PATCHED": "0"})
+    s.wait_ready()
+    absent.wait_ready()
+    wait_beats(s, lambda b: b == (0, 0, 0.0, 0, 0, 0))
+    assert s.post("/v1/completions", {"prompt": "hi", "max_tokens": 3})[0] == 200
+    wait_beats(s, lambda b: b[0] >= 4)  # its prefill and 3 decode steps at least
+    assert not any("vlm-engine-heartbeat" in x for x in absent.lines)
+
+
+def test_long_prefill_steps_complete_while_the_counters_stand_still(sim_factory):
+    s = sim_factory(env=PLUGIN)
+    s.wait_ready()
+    assert s.post("/sim/fault", {"fault": "long_prefill", "seconds": 3, "tokens": 8192,
+                                 "chunk": 2048})[0] == 200
+    chunked = wait_beats(s, lambda b: b[1] == 1 and b[0] >= 2)  # 4 chunks of 0.75 s
+    assert {b[3] for b in chunked} == {2048}
+    assert s.metric("vllm:prompt_tokens_total") == 0.0  # nothing moves until it is done
+    status, _ = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1}, timeout=10)
+    assert status == 200  # it waited behind the prefill
+    assert s.metric("vllm:prompt_tokens_total") == 8192 + 1
+    assert wait_beats(s, lambda b: b[1] == 0 and b[0] >= 5)  # 4 chunks and a decode at least
+
+
+def test_one_long_step_completes_nothing_until_it_ends(sim_factory):
+    s = sim_factory(env=PLUGIN)
+    s.wait_ready()
+    s.post("/sim/fault", {"fault": "long_step", "seconds": 2.5, "tokens": 30000})
+    held = wait_beats(s, lambda b: b[1] == 1 and b[2] >= 1.5)
+    assert {(b[0], b[3]) for b in held} == {(0, 30000)}
+    wait_beats(s, lambda b: b[:2] == (2, 0))  # one step, one decode
+    assert s.metric("vllm:prompt_tokens_total") == 30000
+
+
+def test_a_stall_wedges_a_step_or_stops_the_heartbeat(sim_factory):
+    wedged = sim_factory(env=PLUGIN)
+    stopped = sim_factory(env=PLUGIN)
+    wedged.wait_ready()
+    stopped.wait_ready()
+    wedged.post("/sim/fault", {"fault": "stall"})
+    assert wait_beats(wedged, lambda b: b[1] == 1 and b[2] >= 1.0)[0][3] == 1
+    wait_beats(stopped, lambda b: True)
+    stopped.post("/sim/fault", {"fault": "stall", "heartbeat": "stops"})
+    time.sleep(0.6)  # one beat may have been on its way
+    count = len(beats(stopped))
+    time.sleep(1.5)
+    assert len(beats(stopped)) == count
+    stopped.post("/sim/fault", {"fault": "clear"})
+    wait_beats(stopped, lambda b: True, timeout=5)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_api_key_guards_what_vllm_guards(sim_factory, how):
+    s = sim_factory(env={"VLLM_API_KEY": "sk-a"} if how == "env" else None,
+                    args=("--api-key", "sk-a") if how == "flag" else ())
+    s.wait_ready()
+    for path in ("/health", "/metrics", "/ping", "/version"):
+        assert s.get(path)[0] == 200, path
+    assert s.get("/v1/models") == (401, '{"error": "Unauthorized"}')
+    assert s.post("/v1/completions", {"prompt": "hi"})[0] == 401
+    req = urllib.request.Request(s.base + "/v1/models",
+                                 headers={"Authorization": "Bearer sk-a"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200
+    s.wait_for_line('"GET /v1/models HTTP/1.1" 401 Unauthorized')
+
+
+def test_api_keys_follow_vllm():
+    """--api-key (repeatable) wins over VLLM_API_KEY; the check is vLLM's middleware's."""
+    from vlm_testbed.vllmsim import api_keys, authorized
+
+    args = parse_serve_args(["m", "--api-key", "a", "--api-key=b"])
+    assert api_keys(args, {"VLLM_API_KEY": "c"}) == ["a", "b"]
+    assert api_keys(parse_serve_args(["m"]), {"VLLM_API_KEY": "c"}) == ["c"]
+    assert api_keys(parse_serve_args(["m"]), {"VLLM_API_KEY": ""}) == []
+    assert authorized("/v1/models", "Bearer b", ["a", "b"])
+    assert authorized("/v1/models", "bearer a", ["a"])
+    assert not authorized("/v1/models", "Basic a", ["a"])
+    assert not authorized("/v2/x", None, ["a"]) and not authorized("/inference/x", "", ["a"])
+    assert authorized("/metrics", None, ["a"]) and authorized("/v1/models", None, [])
+
+
 @pytest.mark.parametrize("version,shape", [
     ("0.32.0", r"\[v\] \(APIServer pid=\d+\) INFO "),
     ("0.17.1", r"\(APIServer pid=\d+\) \[v\] INFO ")])
