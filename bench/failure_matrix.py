@@ -8,6 +8,10 @@ as "not within <limit> s" (never dropped).
 
 Usage: .venv/bin/python bench/failure_matrix.py [--trials 1] [--limit 150] [--rows id,id]
        .venv/bin/python bench/failure_matrix.py --markdown results/failure-matrix.json
+       .venv/bin/python bench/failure_matrix.py --merge results/failure-matrix-partial.json
+(--rows writes results/failure-matrix-partial.*; --merge folds such runs into
+results/failure-matrix.*, each row keeping the commit, trials and load of the run that measured
+it)
 """
 
 from __future__ import annotations
@@ -76,7 +80,16 @@ def main() -> int:
                     help="seconds a run may take to serve again")
     ap.add_argument("--rows", default="", help="comma-separated row ids (default: all)")
     ap.add_argument("--markdown", type=Path, help="only write the Markdown of this JSON")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="PARTIAL",
+                    help="fold these partial runs' rows into results/failure-matrix.json")
     args = ap.parse_args()
+    if args.merge:
+        whole = RESULTS / "failure-matrix.json"
+        out = merged(json.loads(whole.read_text()),
+                     [json.loads(path.read_text()) for path in args.merge])
+        whole.write_text(json.dumps(out, indent=2) + "\n")
+        whole.with_suffix(".md").write_text(markdown(out))
+        return 0
     if args.markdown:
         out = json.loads(args.markdown.read_text())
         args.markdown.with_suffix(".md").write_text(markdown(out))
@@ -111,6 +124,20 @@ def main() -> int:
     (RESULTS / f"{name}.md").write_text(markdown(out))
     print(markdown(out))
     return 0
+
+
+def merged(whole: dict, partials: list[dict]) -> dict:
+    """`whole` with each partial run's rows put in place of the row of the same id (or added,
+    in ROWS order), each noting the run that measured it."""
+    rows = {entry["id"]: entry for entry in whole["rows"]}
+    for part in partials:
+        run = {"commit": part.get("started_at_commit"), "trials": part["trials"],
+               "limit_s": part["limit_s"], "load_avg": part["machine"]["load_avg"][0]}
+        for entry in part["rows"]:
+            rows[entry["id"]] = {**entry, "run": run}
+    order = [r.id for r in ROWS]
+    return {**whole, "rows": sorted(rows.values(), key=lambda e: (
+        order.index(e["id"]) if e["id"] in order else len(order), e["id"]))}
 
 
 def markdown(out: dict) -> str:
@@ -150,6 +177,15 @@ def markdown(out: dict) -> str:
     lines += ["", "Rows marked n/a are about what must not happen; their outcome is asserted "
               "in tests/e2e/test_failure_matrix.py and recorded in the JSON. \"never\": not "
               f"serving again within {out['limit_s']:g} s (a retry storm fails no probe)."]
+    runs: dict[tuple, list[str]] = {}
+    for entry in out["rows"]:
+        if entry.get("run"):
+            run = entry["run"]
+            runs.setdefault((run["commit"], run["trials"], run["limit_s"], run["load_avg"]),
+                            []).append(entry["id"])
+    for (commit, trials, limit, load), ids in runs.items():
+        lines.append(f"\n{', '.join(ids)}: measured in a run of their own at commit {commit}, "
+                     f"{trials} trial(s), limit {limit:g} s, load average {load:.1f} at its end.")
     for row_id, rerun in (out.get("rerun") or {}).items():
         lines.append(f"\n{row_id} was rerun alone at commit {rerun['started_at_commit']} "
                      f"(load average {rerun['machine']['load_avg'][0]:.1f}): {rerun['why']}.")
