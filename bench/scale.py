@@ -1,4 +1,4 @@
-"""The operator at cluster scale (issue 14): one operator process's CPU, RSS and API requests/s,
+"""The operator at cluster scale: one operator process's CPU, RSS and API requests/s,
 and its reconcile and remediation latency, on a real kube-apiserver with 50 simulated nodes and
 200 VLMDeployments.
 
@@ -30,8 +30,8 @@ Per configuration:
 - remediation latency: --faults engine deaths on pods of different VLMDeployments; the last
   engine-death line written -> the pod's deletion seen by a watch.
 
---old-src DIR runs the operator from another tree instead (e.g. `git archive` of the commit
-before issue 14), --append adds its rows to the results in --out.
+--old-src DIR runs the operator from another tree instead (e.g. `git archive` of an older
+commit), --append adds its rows to the results in --out.
 
 Usage: .venv/bin/python bench/scale.py [--configs pods-500,pods-2000,cluster-10k]
        [--window 60] [--faults 20] [--old-src /tmp/vlm-old --append]

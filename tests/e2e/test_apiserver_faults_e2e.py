@@ -1,4 +1,4 @@
-"""The operator when the real kube-apiserver goes away (issue 14): stopped for 30 s, then frozen
+"""The operator when the real kube-apiserver goes away: stopped for 30 s, then frozen
 with SIGSTOP for 30 s (its connections stay open and nothing answers: the half-open case), each
 while a replacement of a sick pod is in flight and Builtin autoscaling is scaling. The operator
 must recover by itself, lose no incident, act once per incident, and stay up.

@@ -1,4 +1,4 @@
-"""The failure-mode matrix (issue 11): every row of vlm_testbed.failure_matrix on the real
+"""The failure-mode matrix: every row of vlm_testbed.failure_matrix on the real
 control plane, the operator as its own process, the default spec unless the row says
 otherwise. Each row asserts its outcome and that nothing else happened: no other pod touched,
 each action counted once, and status and Events that say what happened. Times are measured by

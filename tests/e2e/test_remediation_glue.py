@@ -1,7 +1,8 @@
 """The glue between remediation's pure decisions and its actions, in-process against the real
 apiserver: the Remediator, a log Follower and the Reconciler on bare pods (no kubelet, no
 operator process; a pod's readiness and IP are written through pods/status, and /metrics is
-served by a small local server where a test needs one). Each test is a defect of issue 11."""
+served by a small local server where a test needs one). Each test pins down a way the glue
+once lost or doubled an action."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def metrics_server():
 
 
 def test_history_counts_each_restart_once_across_processes(api, kube, namespace, made):
-    """#5: three restarts are three, in memory, in the annotation and for a fresh process."""
+    """Three restarts are three, in memory, in the annotation and for a fresh process."""
     vlmd(api, namespace, health={"maxRestartsPerHour": 4})
     first = Remediator(kube, lambda ns, name: None)
     made.append(first)
@@ -176,7 +177,7 @@ def test_history_counts_each_restart_once_across_processes(api, kube, namespace,
 
 
 def test_a_drain_waits_out_unreadable_metrics(api, kube, namespace, made, metrics_server):
-    """#4: a pod whose /metrics times out is not drained: it is deleted at the drain limit
+    """A pod whose /metrics times out is not drained: it is deleted at the drain limit
     (with a DrainTimedOut Event), and only then are the replicas lowered."""
     vlmd(api, namespace, replicas=2, **SLOW)
     slow = metrics_server(running=0, delay=30)
@@ -218,7 +219,7 @@ def test_a_drained_pod_goes_at_once(api, kube, namespace, made, metrics_server):
 @pytest.mark.parametrize("pod_left", [True, False])
 def test_a_fresh_process_finishes_a_drain_another_began(api, kube, namespace, made,
                                                         metrics_server, pod_left):
-    """#6: the first operator recorded the ScaleDown and died; a fresh one finishes it from the
+    """The first operator recorded the ScaleDown and died; a fresh one finishes it from the
     cluster alone: the pod goes (if still there), the replicas are lowered once."""
     vlmd(api, namespace, replicas=3, **SLOW)
     idle = metrics_server(running=0)
@@ -294,7 +295,7 @@ def test_a_replacement_that_never_comes_is_given_up(api, kube, namespace, made):
 
 
 def test_a_held_incident_is_acted_on_when_capacity_returns(api, kube, namespace, made):
-    """#2: held by minAvailable with no GPU free, with a condition that says so; acted on as
+    """Held by minAvailable with no GPU free, with a condition that says so; acted on as
     soon as another pod is ready, without a new log line."""
     vlmd(api, namespace, replicas=2)
     sick = pod(api, namespace, "sick")
@@ -317,7 +318,7 @@ def test_a_held_incident_is_acted_on_when_capacity_returns(api, kube, namespace,
 
 
 def test_a_held_incident_expires_with_its_window(api, kube, namespace, made):
-    """#7: held past its window, it is dropped, never acted on late."""
+    """Held past its window, it is dropped, never acted on late."""
     vlmd(api, namespace, replicas=1, health={"tokenizerRetry": {"windowSeconds": 3}})
     sick = pod(api, namespace, "sick")
     rem = Remediator(kube, lambda ns, name: None,
@@ -347,7 +348,7 @@ def test_a_paused_replica_leaves_incidents_and_lets_them_expire(api, kube, names
 
 
 def test_a_follower_of_a_deleted_pod_removes_itself(api, kube, namespace):
-    """#8: a follower that finds its pod gone leaves the watch (it stayed registered)."""
+    """A follower that finds its pod gone leaves the watch (it stayed registered)."""
     watch = LogWatch(kube, lambda ns, name: None)
     try:
         pod(api, namespace, "short")
@@ -361,7 +362,7 @@ def test_a_follower_of_a_deleted_pod_removes_itself(api, kube, namespace):
 
 
 def test_stale_autoscaler_drains_are_put_back(api, kube, namespace):
-    """#6: a pod the Builtin autoscaler was draining when autoscaling was turned off goes back
+    """A pod the Builtin autoscaler was draining when autoscaling was turned off goes back
     into the Service; one that log watching is removing is left alone."""
     vlmd(api, namespace, replicas=2, autoscaling={"enabled": False})
     pod(api, namespace, "drained")
@@ -379,7 +380,7 @@ def test_stale_autoscaler_drains_are_put_back(api, kube, namespace):
 
 
 def test_a_failing_apply_shows_in_status_and_events(api, kube, namespace):
-    """#9: a child the apiserver refuses (here an invalid affinity) no longer freezes status:
+    """A child the apiserver refuses (here an invalid affinity) does not freeze status:
     Degraded=ApplyFailed with the apiserver's message, an Event, and the other children are
     still applied; fixing the spec clears it."""
     bad = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {

@@ -1,4 +1,4 @@
-"""Sharded operators (issue 14): the two pods of the chart's StatefulSet (`shards=2`), run as
+"""Sharded operators: the two pods of the chart's StatefulSet (`shards=2`), run as
 processes with its shard arguments (`--shard auto`) and their pod names, on the real
 apiserver. Every VLMDeployment is reconciled by exactly one of them, the one its hash names."""
 

@@ -33,7 +33,7 @@ def test_failing_pods_from_windows_and_findings():
 
 
 def test_any_inactive_plugin_line_makes_the_pod_unpatched():
-    """One process's `active` line must not hide another's `inactive` (issue 13, part 5): the
+    """One process's `active` line must not hide another's `inactive`: the
     API server pooled its tokenizer, the engine core could not."""
     from vlm_testbed import vllmsim
 
