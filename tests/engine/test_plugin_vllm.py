@@ -437,7 +437,8 @@ def test_failed_patch_logs_inactive_and_leaves_vllm_unpatched(model_dir):
 
 @vllm_only
 def test_invalid_pool_size_env_logs_inactive_before_0_19(model_dir):
-    """Where the env var sizes the pool, a bad value leaves the tokenizer unpatched with a warning."""
+    """Where the env var sizes the pool, a bad value leaves the tokenizer unpatched with a
+    warning."""
     import vllm
 
     if plugin.parse_version(vllm.__version__) >= (0, 19, 0):
