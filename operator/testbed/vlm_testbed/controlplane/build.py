@@ -20,35 +20,21 @@ from typing import Any
 from .processes import _kill_group, tail
 
 K8S_VERSION = "v1.20.2"
-
-
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-
-
 DEB_SRC_FILE = "/etc/apt/sources.list.d/vlm-operator-bookworm-src.sources"
-
-
 DEB_SRC_ENTRY = """Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: bookworm
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
-
-
 REFLECT2_DEBIAN = "/usr/share/gocode/src/github.com/modern-go/reflect2"
-
-
 COMPLETE_MARKER = "COMPLETE.json"
-
-
 PROGRESS_EVERY_S = 30.0
 
 
 class ControlPlaneError(RuntimeError):
     """A build step or a component failed; the message names the step and shows the log tail."""
-
-
 
 
 def cache_root() -> Path:
@@ -137,8 +123,6 @@ def run_step(
             f"{tail(log)}"
         )
     print(f"[build] {step}: ok in {time.monotonic() - start:.0f} s", flush=True)
-
-
 
 
 def _deb_src_configured() -> bool:

@@ -83,8 +83,6 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
     return path
 
 
-
-
 def api_client_from_kubeconfig(kubeconfig: str | os.PathLike) -> Any:
     """A ``kubernetes.client.ApiClient`` for the given kubeconfig (its current context)."""
     from kubernetes import client, config

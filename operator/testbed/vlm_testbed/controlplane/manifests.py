@@ -66,8 +66,6 @@ def apply_manifests(api_client: Any, manifests: Iterable[dict | str | os.PathLik
                     time.sleep(0.1)
 
 
-
-
 def ready_namespace(api_client: Any, name: str, timeout_s: float = 120.0) -> str:
     """Create a namespace and wait until pods can be created in it: its default ServiceAccount
     exists (and, before Kubernetes 1.24, has its token Secret)."""

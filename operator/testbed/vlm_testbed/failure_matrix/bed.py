@@ -26,28 +26,14 @@ from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
 IMAGE = "vllm/vllm-openai:v0.20.2"
-
-
 POLL_S = 0.2
-
-
 READY_TIMEOUT_S = 120.0
-
-
 # Remediation off: every built-in signal only counted (what probes alone would do).
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
               "engineStalled": {"action": "Ignore"}, "apiUnresponsive": {"action": "Ignore"}}
-
-
 KEEP_ALIVE = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]
-
-
 LOAD_RATE = 10.0  # requests a second through the Service in the rows under load
-
-
 DRAIN_WAIT_S = 10  # --node-drain-wait-seconds of the operator of the no-GPU drain row
-
-
 LOGGING_PREFIX = [{"name": "VLLM_LOGGING_PREFIX", "value": "[vllm] "}]
 
 

@@ -21,6 +21,7 @@ from .stalls import metric
 if TYPE_CHECKING:
     from .bed import Bed, Observed
 
+
 UNREACHABLE_WINDOW_S = 30.0  # an api_unresponsive verdict on connect timeouts took about 20 s
 
 
@@ -54,8 +55,6 @@ HOSTILE_MODES = {
     "huge": lambda target: {"fault": "huge_metrics", "bytes": 100_000_000},
     "drip": lambda target: {"fault": "drip_headers", "interval": 0.5, "lines": 8},
 }
-
-
 # Faults every hostile pod gets on top of its HTTP mode, so the row covers what a tenant's pods
 # log as well as what they serve: 50,000 lines from as many process tags (a matcher keeping
 # state per tag grew by 28.5 MB per 100,000) and 1,000 engine-failure lines with 5,000-digit

@@ -16,6 +16,7 @@ from .bed import KEEP_ALIVE, instance, merged, post
 if TYPE_CHECKING:
     from .bed import Bed, Observed
 
+
 def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False,
                  env: list | None = None):
     """exit_code None: the engine dies and the process stays alive (keep-alive); `env`: more

@@ -16,6 +16,7 @@ from .stalls import metric
 if TYPE_CHECKING:
     from .bed import Bed, Observed
 
+
 def operator_killed_mid_incident(bed: Bed, health: dict | None) -> Observed:
     """Held (no GPU free), the operator is SIGKILLed; a GPU frees up and a fresh operator
     replays the log: it acts on the held incident once."""

@@ -13,13 +13,10 @@ from .bed import instance, merged
 if TYPE_CHECKING:
     from .bed import Bed, Observed
 
+
 # The shortest stall detection the CRD allows, for rows that must outlast it.
 FAST_STALL = {"engineStalled": {"stallSeconds": 10, "canaryTimeoutSeconds": 4}}
-
-
 LONG_PROMPT_TOKENS = 40960  # a long multimodal prompt: 20 chunks of vLLM's 2048-token budget
-
-
 API_KEY_ENV = [{"name": "VLLM_API_KEY",
                 "valueFrom": {"secretKeyRef": {"name": "api-key", "key": "key"}}}]
 

@@ -45,7 +45,6 @@ def render_log_lines(lines: list[str], since_ns: int | None, tail: int | None,
     return [f"{stamp} {text}\n" if timestamps else f"{text}\n" for _, stamp, text in parsed]
 
 
-
 class LogServer(http.server.ThreadingHTTPServer):
     """The kubelet's HTTPS port, serving only GET /containerLogs/{ns}/{pod}/{container}."""
 

@@ -135,10 +135,7 @@ class PodRunner:
                 self.changed()
 
 
-
 _ip_counter = itertools.count(1)
-
-
 _ip_lock = threading.Lock()
 
 

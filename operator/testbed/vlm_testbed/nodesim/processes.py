@@ -40,6 +40,7 @@ from .state import (
 if TYPE_CHECKING:
     from .pods import PodRunner
 
+
 CommandFor = Callable[[dict, str], list[str]]
 
 

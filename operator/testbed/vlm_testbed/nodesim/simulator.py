@@ -125,11 +125,6 @@ class NodeSimulator(NodeLeases):
         return None
 
 
-
-
-
-
-
     # -- pods
     def lookup(self, namespace: str) -> Callable[[str, str, str | None], Any]:
         import base64

@@ -17,25 +17,12 @@ log = logging.getLogger("vlm_testbed.nodesim")
 
 
 SIM_LABEL = "vlm-testbed/simulated"
-
-
 NO_PROCESS = "vlm-testbed/process"  # pod annotation: "none" = a LightPod
-
-
 STATUS_EVERY = 3  # heartbeats per Node status write (the Lease is renewed every heartbeat)
-
-
 GPU = "nvidia.com/gpu"
-
-
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-
-
 SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
-
-
 MIN_GRACE_S = 2  # the kubelet always leaves a container this long between SIGTERM and SIGKILL
-
 
 
 def rfc3339nano(ns: int) -> str:
@@ -177,7 +164,6 @@ def pod_phase(restart_policy: str, init_done: bool, statuses: list[ContainerView
     if all(s.last_exit == 0 for s in statuses):
         return "Succeeded"
     return "Failed" if restart_policy != "Always" else "Running"
-
 
 
 @dataclass

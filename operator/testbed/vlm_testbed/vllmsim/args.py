@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics",
           "redirect", "huge_metrics", "drip_headers", "proc_flood", "giant_pid", "clear",
           "long_prefill", "long_step")
-
-
 HOSTILE_PATHS = {"redirect": ("/metrics", "/v1/models", "/v1/completions"),
                  "drip_headers": ("/metrics", "/v1/models")}
 
@@ -22,11 +20,8 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-
 VALUE_FLAGS = {"--port", "--host", "--served-model-name", "--renderer-num-workers",
                "--max-model-len", "--model", "--api-key"}
-
-
 # vLLM's AuthenticationMiddleware (0.32: vllm/entrypoints/serve/middleware/authenticate.py):
 # with a key set, paths under these need `Authorization: Bearer <key>`; /health, /metrics,
 # /ping and /version do not. Anything else answers 401 {"error": "Unauthorized"}.

@@ -18,6 +18,7 @@ from .metrics import GAUGES, Histogram, real_families, render_metrics
 if TYPE_CHECKING:
     from .args import ServeArgs
 
+
 def count_images(messages: list) -> int:
     n = 0
     for msg in messages:
@@ -38,7 +39,6 @@ def prompt_text(messages: list) -> str:
             texts += [p.get("text", "") for p in content if isinstance(p, dict)
                       and p.get("type") == "text"]
     return " ".join(texts)
-
 
 
 class Simulator(SimulatorFaults):
@@ -202,7 +202,6 @@ class Simulator(SimulatorFaults):
                                   self.real_rest)
 
 
-
     # -- the engine's step loop (what the plugin's heartbeat reports)
     def start_prefill(self, seconds: float, tokens: int, chunk: int) -> None:
         """One request's prompt of `tokens` computed for `seconds`: in chunks of `chunk` tokens
@@ -256,9 +255,6 @@ class Simulator(SimulatorFaults):
             if state is not None and not self.dead and not hides(self.env, "INFO"):
                 self.emit(engine_heartbeat_line(self.version, self.pid, every, state,
                                                 self.env.get("VLLM_LOGGING_PREFIX", "")))
-
-
-
 
 
     # -- background log producers

@@ -16,6 +16,7 @@ from .loglines import DEAD_MESSAGE, access_line
 if TYPE_CHECKING:
     from .engine import Simulator
 
+
 class Handler(BaseHTTPRequestHandler):
     sim: Simulator
     protocol_version = "HTTP/1.1"

@@ -12,10 +12,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-
-
 PLUGIN_TARGETS = "vllm.renderers.hf.HfRenderer.__init__"
-
 
 
 def header(level: str, where: str, now: float | None = None) -> str:

@@ -19,7 +19,6 @@ REAL_METRICS = Path(__file__).parents[1] / "data" / "vllm-0.32.0-metrics.txt"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
-
 class Histogram:
     def __init__(self) -> None:
         self.counts = [0] * len(LATENCY_BUCKETS)
