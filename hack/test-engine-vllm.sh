@@ -22,8 +22,10 @@ for env in "$@"; do
   echo "=== $env: ${tests[*]}"
   junit=()
   [[ -n "${JUNIT_DIR:-}" ]] && junit=("--junitxml=$JUNIT_DIR/engine-$env.xml")
+  # the plugin's distribution and the test bed's (the stand-in's log lines), from this checkout
   # shellcheck disable=SC2086
-  if ! PYTHONPATH="$ROOT/operator" "$VENVS/$env/bin/python" -m pytest -p no:cacheprovider \
+  if ! PYTHONPATH="$ROOT/operator/plugin:$ROOT/operator/testbed" \
+      "$VENVS/$env/bin/python" -m pytest -p no:cacheprovider \
       -q "${tests[@]}" "${junit[@]}" ${PYTEST_ARGS:-}; then
     failed+=("$env")
   fi

@@ -10,7 +10,7 @@ for env in tok-0.22 tok-current; do
   echo "[test-engine] $env"
   junit=()
   [[ -n "${JUNIT_DIR:-}" ]] && junit=("--junitxml=$JUNIT_DIR/engine-$env.xml")
-  PYTHONPATH=operator "$VENVS/$env/bin/python" -m pytest -p no:cacheprovider \
+  PYTHONPATH=operator/plugin "$VENVS/$env/bin/python" -m pytest -p no:cacheprovider \
     tests/engine/test_tokenizer_pool.py "${junit[@]}" "$@" || rc=1
 done
 exit $rc

@@ -64,6 +64,9 @@ say "unit tests"
 phase "unit" .venv/bin/pytest tests/unit -p no:cacheprovider \
   --junitxml="$results/unit.xml" || rc=1
 
+say "wheels: the operator, the plugin for vLLM engines and the test bed, built and installed in a fresh venv"
+phase "wheels" hack/test-wheels.sh || rc=1
+
 # `slow` is the seeds' load on a real vLLM 0.17.1 with and without the plugin (an 8 GB
 # environment, several minutes of load): run it with `.venv/bin/pytest tests/e2e -m slow`.
 say "e2e tests (real kube-apiserver, simulated nodes): the failure matrix, then the real vllm" \

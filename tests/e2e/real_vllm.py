@@ -48,7 +48,7 @@ def real_vllm_command(venv: Path, home: Path) -> CommandFor:
     """command_for for NodeSimulator: vllm images run the venv's real `vllm serve` on the pod
     IP (VLLM_HOST_IP too, or vLLM's processes bind the machine's address), offline, with a
     writable HOME instead of the pod's /home/vllm, and this checkout's plugin (the venv's
-    entry point, its code from operator/ here)."""
+    entry point, its code from operator/plugin/ here)."""
 
     def command_for(container: dict, pod_ip: str) -> list[str]:
         tokens = list(container.get("command") or []) + list(container.get("args") or [])
@@ -56,7 +56,8 @@ def real_vllm_command(venv: Path, home: Path) -> CommandFor:
             return default_command(container, pod_ip)
         rest = tokens[tokens.index("serve") + 1:]
         return ["env", f"VLLM_HOST_IP={pod_ip}", f"HOME={home}", f"HF_HOME={home / 'hf'}",
-                "HF_HUB_OFFLINE=1", "VLLM_CPU_KVCACHE_SPACE=1", f"PYTHONPATH={ROOT / 'operator'}",
+                "HF_HUB_OFFLINE=1", "VLLM_CPU_KVCACHE_SPACE=1",
+                f"PYTHONPATH={ROOT / 'operator' / 'plugin'}",
                 f"PATH={venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                 str(venv / "bin" / "vllm"), "serve", *rest, "--host", pod_ip]
 

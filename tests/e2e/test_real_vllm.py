@@ -114,7 +114,7 @@ def unpatched_condition(api, ns, name, status):
 
 def vllm_metric_names(monitoring) -> set[str]:
     """Every vLLM metric the operator's code and the chart's alerts and dashboard name."""
-    sources = [p.read_text() for p in (ROOT / "operator" / "vlm_operator").glob("*.py")]
+    sources = [p.read_text() for p in (ROOT / "operator" / "vlm_operator").rglob("*.py")]
     sources += [json.dumps(d) for d in monitoring.docs]
     return {m for text in sources for m in re.findall(r"vllm:[a-z_:]+[a-z]", text)}
 

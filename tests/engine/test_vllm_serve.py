@@ -83,7 +83,7 @@ def server(tmp_path_factory):
         VLLM_CPU_KVCACHE_SPACE="1",
         VLM_TOKENIZER_POOL_SIZE=str(ENV_POOL_SIZE),
         PYTHONPATH=os.pathsep.join(
-            [str(HERE.parents[1] / "operator"), os.environ.get("PYTHONPATH", "")]
+            [str(HERE.parents[1] / "operator" / "plugin"), os.environ.get("PYTHONPATH", "")]
         ),
     )
     cmd = [

@@ -1,8 +1,8 @@
 """The two images: hadolint-clean, non-root, and the vLLM image really ships the plugin entry point.
 
 No Docker engine runs here, so the images themselves are not built; the vLLM image's plugin
-packaging (images/vllm/plugin-pyproject.toml + the package) is built and installed for real
-into a scratch folder and its entry point read back.
+packaging (the plugin's own distribution, operator/plugin: its pyproject + the package) is built
+and installed for real into a scratch folder and its entry point read back.
 """
 
 from __future__ import annotations
@@ -79,16 +79,21 @@ def test_operator_image_entrypoint():
 def test_vllm_image_installs_the_plugin_entry_point_without_operator_deps(tmp_path):
     """Mirror the Dockerfile's COPY + pip install, then read the installed entry point."""
     copies = dict(arg.split() for word, arg in _instructions(VLLM) if word == "COPY")
-    assert copies["operator/vllm_tokenizer_pool"] == "/tmp/vlm-plugin/vllm_tokenizer_pool"
+    package = "operator/plugin/vllm_tokenizer_pool"
+    assert copies[package] == "/tmp/vlm-plugin/vllm_tokenizer_pool"
     pyproject_src = next(s for s, d in copies.items() if d == "/tmp/vlm-plugin/pyproject.toml")
+    assert pyproject_src == "operator/plugin/pyproject.toml"  # the plugin's own distribution
     project = tomllib.loads((ROOT / pyproject_src).read_text())
+    assert project["project"]["name"] == "vlm-vllm-plugin"
     assert project["project"]["dependencies"] == []  # no kopf / kubernetes in the vLLM image
-    main = tomllib.loads((ROOT / "pyproject.toml").read_text())
     group = "vllm.general_plugins"
-    assert project["project"]["entry-points"][group] == main["project"]["entry-points"][group]
+    assert project["project"]["entry-points"][group] == {"vlm_tokenizer_pool": ENTRY_POINT}
+    # the operator's distribution does not register (nor ship) the plugin
+    main = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert group not in main["project"].get("entry-points", {})
 
     build = tmp_path / "vlm-plugin"
-    shutil.copytree(ROOT / "operator" / "vllm_tokenizer_pool", build / "vllm_tokenizer_pool")
+    shutil.copytree(ROOT / package, build / "vllm_tokenizer_pool")
     shutil.copy(ROOT / pyproject_src, build / "pyproject.toml")
     target = tmp_path / "site"
     subprocess.run(
@@ -103,5 +108,7 @@ def test_vllm_image_installs_the_plugin_entry_point_without_operator_deps(tmp_pa
         if ep.group == group
     ]
     assert [(ep.name, ep.value) for ep in eps] == [("vlm_tokenizer_pool", ENTRY_POINT)]
+    names = [dist.metadata["Name"] for dist in distributions(path=[str(target)])]
+    assert names == ["vlm-vllm-plugin"]
     assert (target / "vllm_tokenizer_pool" / "plugin.py").is_file()
     assert "pip install --no-cache-dir --no-deps /tmp/vlm-plugin" in VLLM.read_text()

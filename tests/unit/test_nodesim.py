@@ -8,21 +8,18 @@ import sys
 import threading
 import time
 
-from vlm_testbed.nodesim import (
+from vlm_testbed.nodesim.logserver import format_log_line, render_log_lines
+from vlm_testbed.nodesim.processes import default_command, run_pre_stop, stop_process_group
+from vlm_testbed.nodesim.state import (
     MIN_GRACE_S,
     ContainerView,
     backoff_delay,
-    default_command,
     exit_code_of,
-    format_log_line,
     parse_rfc3339_ns,
     pod_phase,
-    render_log_lines,
     resolve_env,
     rfc3339nano,
-    run_pre_stop,
     should_restart,
-    stop_process_group,
 )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from vlm_testbed.controlplane import _die_with_parent, _kill_group, free_port, tail
+from vlm_testbed.controlplane.processes import _die_with_parent, _kill_group, free_port, tail
 
 ENDPOINTS, ENDPOINTSLICE = "endpoints", "endpointslice"
 SHARD = "0"  # what the operator's config reloader writes for $(SHARD) on a single shard

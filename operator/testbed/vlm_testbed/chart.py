@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (operator/testbed/vlm_testbed/)
 CHART = ROOT / "charts" / "vlm-operator"
 
 

@@ -21,7 +21,7 @@ from vlm_testbed.controlplane import ControlPlane, build
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (operator/testbed/vlm_testbed/)
 EXAMPLE = ROOT / "manifests/examples/qwen3-vl-4b.yaml"
 NAME = "qwen3-vl-4b"
 

@@ -1,0 +1,5 @@
+"""`python -m vlm_testbed.vllmsim`: see vlm_testbed.vllmsim.cli."""
+
+from .cli import main
+
+main()
