@@ -31,7 +31,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import builders, crd, incidents
+from vlm_operator.api import crd
+from vlm_operator.desired import children as builders
+from vlm_operator.remediation import incidents
 from vlm_testbed import vllmsim
 from vlm_testbed.controlplane import kubectl_path, ready_namespace
 from vlm_testbed.firewall import OPERATOR_GID, Firewall
@@ -853,7 +855,7 @@ API_KEY_ENV = [{"name": "VLLM_API_KEY",
 
 def prompt_tokens(ip: str) -> float | None:
     """The pod's vllm:prompt_tokens_total; None when it cannot be read (the pod is gone)."""
-    from vlm_operator import scrape
+    from vlm_operator.engine import reader as scrape
 
     try:
         return scrape.get_metrics(ip, ["vllm:prompt_tokens_total"], 2.0).get(

@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from vlm_operator import autoscaling as a
-from vlm_operator import incidents
-from vlm_operator.autoscaler import Autoscaler, _pod_state
-from vlm_operator.incidents import REPLACE
-from vlm_operator.scrape import Scrape
-from vlm_operator.spec import parse
+from vlm_operator.api.validation import parse
+from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
+from vlm_operator.engine.reader import Scrape
+from vlm_operator.k8s import nodes as gpu_budget
+from vlm_operator.remediation import incidents
+from vlm_operator.remediation.incidents import REPLACE
 
 
 class Kube:
@@ -126,7 +127,7 @@ class Budget(Cluster):
         self.free = free
 
     def budget(self):
-        return ([a.Node("n", {}, (), {"nvidia.com/gpu": 2})],
+        return ([gpu_budget.Node("n", {}, (), {"nvidia.com/gpu": 2})],
                 {"n": {"nvidia.com/gpu": self.free}})
 
 

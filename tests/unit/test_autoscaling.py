@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vlm_operator import autoscaling as a
-from vlm_operator import autoscaling_builders as ab
-from vlm_operator import builders
-from vlm_operator.spec import parse
+from vlm_operator.api.validation import parse
+from vlm_operator.autoscaling import decide as a
+from vlm_operator.desired import autoscaler_objects as ab
+from vlm_operator.desired import children
+from vlm_operator.k8s import nodes as gpu_budget
 
 POLICY = a.Policy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=60,
                   multimodal_weight=1.0)
@@ -156,8 +157,9 @@ def pod(node_name, gpus, phase="Running", resource=GPU, init=0):
 
 
 def budget(nodes, pods_=()):
-    views = [v for v in map(a.node_of, nodes) if v is not None]
-    return views, a.free_by_node(views, [u for u in map(a.pod_use, pods_) if u is not None])
+    views = [v for v in map(gpu_budget.node_of, nodes) if v is not None]
+    uses = [u for u in map(gpu_budget.pod_use, pods_) if u is not None]
+    return views, gpu_budget.free_by_node(views, uses)
 
 
 def test_free_by_node_counts_bound_running_pods_per_node():
@@ -168,51 +170,51 @@ def test_free_by_node_counts_bound_running_pods_per_node():
          pod("d", 2, resource=MIG), pod("d", 0, init=1), pod("gone", 3)])
     assert [n.name for n in nodes] == ["a", "d"]  # not Ready and cordoned nodes take nothing
     assert free == {"a": {GPU: 1}, "d": {GPU: 1, MIG: 5}}  # cpu/memory are not counted
-    assert a.pod_use(pod("a", 0)) is None  # holds no device: not worth keeping
+    assert gpu_budget.pod_use(pod("a", 0)) is None  # holds no device: not worth keeping
 
 
 def test_leaving_nodes_are_cordoned_or_tainted_by_an_autoscaler():
-    assert a.leaving(node("a", 1)) is None
-    assert "kubectl drain" in a.leaving(node("a", 1, unschedulable=True))
+    assert gpu_budget.leaving(node("a", 1)) is None
+    assert "kubectl drain" in gpu_budget.leaving(node("a", 1, unschedulable=True))
     for key in ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted",
                 "karpenter.sh/disruption"):
         taint = {"key": key, "value": "x", "effect": "NoSchedule"}
-        assert key in a.leaving(node("a", 1, taints=[taint]))
-    assert a.leaving(node("a", 1, taints=[{"key": "nvidia.com/gpu",
+        assert key in gpu_budget.leaving(node("a", 1, taints=[taint]))
+    assert gpu_budget.leaving(node("a", 1, taints=[{"key": "nvidia.com/gpu",
                                            "effect": "NoSchedule"}])) is None
     # the node cache keeps a leaving node out of the budget, with why it leaves
-    state = a.node_state(node("a", 1, unschedulable=True))
+    state = gpu_budget.node_state(node("a", 1, unschedulable=True))
     assert state.name == "a" and state.budget is None and "cordoned" in state.leaving
-    assert a.node_state(node("b", 1)).budget.name == "b" and a.node_state(
+    assert gpu_budget.node_state(node("b", 1)).budget.name == "b" and gpu_budget.node_state(
         node("b", 1)).leaving is None
-    assert a.node_state(node("c", 1, ready=False)) is None  # neither
+    assert gpu_budget.node_state(node("c", 1, ready=False)) is None  # neither
 
 
 def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):
-    return a.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
+    return gpu_budget.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
 
 
 def test_replicas_fit_on_one_node_not_across_nodes():
     # the issue's case: two nodes with one free GPU each hold no 2-GPU replica
     nodes, free = budget([node("a", 1), node("b", 1)])
-    assert a.share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
-    assert a.largest_free(nodes, free) == 1
+    assert gpu_budget.share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
+    assert gpu_budget.largest_free(nodes, free) == 1
     nodes, free = budget([node("a", 1), node("b", 3)])
-    assert a.share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
+    assert gpu_budget.share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
 
 
 def test_best_fit_keeps_the_large_gap_for_the_large_replica():
     nodes, free = budget([node("a", 2), node("b", 1)])
     claims = [claim("small", 10, 2, gpus=1), claim("big", 0, 2, gpus=2)]
-    assert a.share_gpus(nodes, free, claims) == {("ns", "small"): 2, ("ns", "big"): 2}
+    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "small"): 2, ("ns", "big"): 2}
 
 
 def test_share_gpus_by_priority():
     nodes, free = budget([node("a", 3)])
     claims = [claim("low", 0, 4), claim("high", 10, 4)]
-    assert a.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
+    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
     nodes, free = budget([node("a", 5)])
-    assert a.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
+    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
 
 
 def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
@@ -220,23 +222,25 @@ def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
     claims = [claim("big", 5, 5, current=3, bound=1, gpus=2), claim("small", 0, 2)]
     for gpus, want in ((4, (3, 1)), (9, (5, 2)), (8, (5, 1))):
         nodes, free = budget([node("a", gpus)])
-        assert a.share_gpus(nodes, free, claims) == {("ns", "big"): want[0],
+        assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "big"): want[0],
                                                      ("ns", "small"): want[1]}
 
 
 def test_share_gpus_never_blocks_scale_down_or_hold():
     nodes, free = budget([node("a", 0)])
-    assert a.share_gpus(nodes, free, [claim("x", 0, 1, current=3, bound=3)]) == {("ns", "x"): 1}
-    assert a.share_gpus(nodes, free, [claim("x", 0, 3, current=3, bound=1)]) == {("ns", "x"): 3}
+    held = claim("x", 0, 1, current=3, bound=3)
+    assert gpu_budget.share_gpus(nodes, free, [held]) == {("ns", "x"): 1}
+    pending = claim("x", 0, 3, current=3, bound=1)
+    assert gpu_budget.share_gpus(nodes, free, [pending]) == {("ns", "x"): 3}
 
 
 def test_mig_and_other_resource_names_count_only_themselves():
     nodes, free = budget([node("a", 8, **{MIG: "2"}), node("b", 0, **{"amd.com/gpu": "4"})])
     mig = claim("m", 0, 5, current=0, bound=0, resource=MIG)
-    assert a.share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
+    assert gpu_budget.share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
     amd = claim("r", 0, 5, current=0, bound=0, gpus=2, resource="amd.com/gpu")
-    assert a.share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
-    assert a.largest_free(nodes, free, MIG) == 2
+    assert gpu_budget.share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
+    assert gpu_budget.largest_free(nodes, free, MIG) == 2
 
 
 def spec_of(**scheduling):
@@ -245,13 +249,13 @@ def spec_of(**scheduling):
                   "metadata": {"name": "m", "namespace": "ns"},
                   "spec": {"model": "m", "image": "vllm/vllm-openai:v0.20.2",
                            "scheduling": scheduling}})
-    return builders.get_pod_template(vlmd)["spec"]
+    return children.get_pod_template(vlmd)["spec"]
 
 
 def grant(nodes, pod_spec, desired=3):
     views, free = budget(nodes)
     new = claim("x", 0, desired, current=0, bound=0, pod_spec=pod_spec)
-    return a.share_gpus(views, free, [new])[("ns", "x")]
+    return gpu_budget.share_gpus(views, free, [new])[("ns", "x")]
 
 
 def test_node_selector_and_required_affinity_limit_the_nodes():
@@ -293,7 +297,7 @@ def test_taints_need_tolerations():
 def test_one_claim_gets_exactly_what_fits_per_node(gpus, per_replica, desired):
     nodes, free = budget([node(f"n{i}", g) for i, g in enumerate(gpus)])
     fits = sum(g // per_replica for g in gpus)
-    got = a.share_gpus(nodes, free, [claim("x", 0, desired, current=0, bound=0,
+    got = gpu_budget.share_gpus(nodes, free, [claim("x", 0, desired, current=0, bound=0,
                                            gpus=per_replica)])[("ns", "x")]
     assert got == min(desired, fits)
 
@@ -381,8 +385,8 @@ def vlmd(**autoscaling):
 def test_hpa_targets_the_vlmdeployment_on_a_pods_metric():
     obj = vlmd(enabled=True, mode="HPA", minReplicas=0, maxReplicas=4, target=2.5,
                scaleDownDelaySeconds=120)
-    children = builders.get_children(obj, hpa_api_version="autoscaling/v2beta2")
-    hpa = children[-1]
+    objs = children.get_children(obj, hpa_api_version="autoscaling/v2beta2")
+    hpa = objs[-1]
     assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2beta2", "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "serving.vlm-operator.dev/v1alpha1",
                                              "kind": "VLMDeployment", "name": "demo"}
@@ -396,7 +400,7 @@ def test_hpa_targets_the_vlmdeployment_on_a_pods_metric():
                                   "target": {"type": "AverageValue", "averageValue": "800m"}}}]
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "u1"
-    assert builders.get_children(obj)[-1]["apiVersion"] == "autoscaling/v2"
+    assert children.get_children(obj)[-1]["apiVersion"] == "autoscaling/v2"
     assert ab.get_unwanted(obj, "autoscaling/v2", True) == [
         ("keda.sh/v1alpha1", "ScaledObject", "demo")]
 
@@ -406,7 +410,7 @@ SELECTOR = '{namespace="team",pod=~"demo-[a-z0-9]+-[a-z0-9]+"}'
 
 def test_scaled_object_and_missing_keda():
     obj = vlmd(enabled=True, mode="KEDA", maxReplicas=3, multimodalWeight=0)
-    so = builders.get_children(obj, prometheus_address="http://prom:9090")[-1]
+    so = children.get_children(obj, prometheus_address="http://prom:9090")[-1]
     assert (so["apiVersion"], so["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     assert so["spec"]["scaleTargetRef"]["kind"] == "VLMDeployment"
     load, kv = so["spec"]["triggers"]
@@ -415,15 +419,15 @@ def test_scaled_object_and_missing_keda():
                                 "query": f"sum(vllm:num_requests_waiting{SELECTOR})"}
     assert kv["metadata"] == {"serverAddress": "http://prom:9090", "threshold": "0.8",
                               "query": f"sum(vllm:kv_cache_usage_perc{SELECTOR})"}
-    assert [c["kind"] for c in builders.get_children(obj, keda=False)] == [
+    assert [c["kind"] for c in children.get_children(obj, keda=False)] == [
         "Deployment", "Service", "PodDisruptionBudget"]
     # no Prometheus known (validation refuses the spec): no ScaledObject pointing nowhere
-    assert builders.get_children(obj)[-1]["kind"] == "PodDisruptionBudget"
+    assert children.get_children(obj)[-1]["kind"] == "PodDisruptionBudget"
     assert ab.get_unwanted(obj, "autoscaling/v2", True) == [
         ("autoscaling/v2", "HorizontalPodAutoscaler", "demo")]
     query = 'sum(x{namespace="team"})'
     custom = vlmd(enabled=True, mode="KEDA", prometheus={"query": query})
-    assert builders.get_children(custom, prometheus_address="http://p")[-1]["spec"][
+    assert children.get_children(custom, prometheus_address="http://p")[-1]["spec"][
         "triggers"][0]["metadata"]["query"] == query
 
 
@@ -436,14 +440,14 @@ def test_keda_default_query_weighs_requests_by_their_images():
         f"sum(vllm:num_requests_waiting{SELECTOR}) * (1 + 0.5 * clamp_max("
         f"(sum(rate(vllm:mm_cache_queries_total{SELECTOR}[2m])) or vector(0)) / clamp_min("
         f"(sum(rate(vllm:request_success_total{SELECTOR}[2m])) or vector(0)), 0.001), 32))")
-    from vlm_operator import promql
+    from vlm_operator.api import promql
     assert promql.namespace_problems(query, "team", "q") == []
 
 
 @pytest.mark.parametrize("scaling", [{}, {"enabled": True}, {"enabled": False, "mode": "HPA"}])
 def test_builtin_or_off_has_no_autoscaling_children(scaling):
     obj = vlmd(**scaling)
-    assert [c["kind"] for c in builders.get_children(obj)] == [
+    assert [c["kind"] for c in children.get_children(obj)] == [
         "Deployment", "Service", "PodDisruptionBudget"]
     assert {k for _, k, _ in ab.get_unwanted(obj, "autoscaling/v2", True)} == {
         "HorizontalPodAutoscaler", "ScaledObject"}
@@ -454,8 +458,9 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
 # ---------------------------------------------------------------- reading a pod's /metrics
 
 def test_parse_pod_metrics_of_the_vllm_stand_in():
-    from vlm_operator.autoscaler import is_builtin, metric_names
-    from vlm_operator.scrape import parse_metrics as parse_pod_metrics
+    from vlm_operator.api.crd import autoscaling_mode
+    from vlm_operator.autoscaling.autoscaler import metric_names
+    from vlm_operator.engine.reader import parse_metrics as parse_pod_metrics
     from vlm_testbed import vllmsim
 
     text = vllmsim.render_metrics(
@@ -472,6 +477,7 @@ def test_parse_pod_metrics_of_the_vllm_stand_in():
     assert values["vllm:mm_cache_queries_total"] == 15.0
     assert a.images_per_request((0.0, 0.0), (values["vllm:request_success_total"],
                                               values["vllm:mm_cache_queries_total"]), 0) == 1.5
-    assert is_builtin({"autoscaling": {"enabled": True}})
-    assert not is_builtin({"autoscaling": {"enabled": True, "mode": "HPA"}})
-    assert not is_builtin({})
+    assert autoscaling_mode({"autoscaling": {"enabled": True}}) == "Builtin"
+    assert autoscaling_mode({"autoscaling": {"enabled": True, "mode": "HPA"}}) == "HPA"
+    assert autoscaling_mode({"autoscaling": {"enabled": False, "mode": "HPA"}}) is None
+    assert autoscaling_mode({}) is None

@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vlm_operator import builders, crd
-from vlm_operator.spec import parse
+from vlm_operator.api import crd
+from vlm_operator.api.validation import parse
+from vlm_operator.desired import children
 
 
 def vlmd(uid=None, **spec):
@@ -23,7 +24,7 @@ def vlmd(uid=None, **spec):
 
 
 def container(obj):
-    return builders.get_deployment(obj)["spec"]["template"]["spec"]["containers"][0]
+    return children.get_deployment(obj)["spec"]["template"]["spec"]["containers"][0]
 
 
 def env_of(obj):
@@ -98,7 +99,7 @@ def test_gpu_limits_and_user_resources():
 
 
 def test_shm_cache_and_home_volumes():
-    pod = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
@@ -109,27 +110,27 @@ def test_shm_cache_and_home_volumes():
 
 def test_existing_pvc():
     obj = vlmd(modelCache={"claimName": "weights", "mountPath": "/cache"})
-    pod = builders.get_deployment(obj)["spec"]["template"]["spec"]
+    pod = children.get_deployment(obj)["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
     assert env_of(obj)["HF_HOME"]["value"] == "/cache"
-    assert builders.get_pvc(obj) is None
-    assert [c["kind"] for c in builders.get_children(obj)] == [
+    assert children.get_pvc(obj) is None
+    assert [c["kind"] for c in children.get_children(obj)] == [
         "Deployment", "Service", "PodDisruptionBudget"]
 
 
 def test_created_pvc():
     obj = vlmd(uid="u-1", modelCache={"size": "50Gi", "storageClassName": "fast",
                                       "accessModes": ["ReadWriteMany"]})
-    pvc = builders.get_pvc(obj)
+    pvc = children.get_pvc(obj)
     assert pvc["metadata"]["name"] == "demo-model-cache"
     assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "fast",
                            "resources": {"requests": {"storage": "50Gi"}}}
     assert pvc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    pod = builders.get_deployment(obj)["spec"]["template"]["spec"]
+    pod = children.get_deployment(obj)["spec"]["template"]["spec"]
     claim = {v["name"]: v for v in pod["volumes"]}["model-cache"]["persistentVolumeClaim"]
     assert claim == {"claimName": "demo-model-cache"}
-    assert [c["kind"] for c in builders.get_children(obj)] == [
+    assert [c["kind"] for c in children.get_children(obj)] == [
         "PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget"]
 
 
@@ -157,41 +158,41 @@ def test_probes_sized_for_model_loads():
 
 
 def test_labels_selector_and_scrape_annotations():
-    dep = builders.get_deployment(vlmd())
+    dep = children.get_deployment(vlmd())
     labels = dep["metadata"]["labels"]
     assert labels == {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "demo",
                       "app.kubernetes.io/component": "engine",
                       "app.kubernetes.io/managed-by": "vlm-operator"}
     template = dep["spec"]["template"]["metadata"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= template["labels"].items()
-    assert template["labels"][builders.IN_SERVICE_LABEL] == "true"
+    assert template["labels"][children.IN_SERVICE_LABEL] == "true"
     assert template["annotations"] == {"prometheus.io/scrape": "true",
                                        "prometheus.io/port": "8000",
                                        "prometheus.io/path": "/metrics"}
     # managed-by selects too: other apps' pods labelled like ours are not selected
-    assert builders.get_selector("demo") == (
+    assert children.get_selector("demo") == (
         "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=demo,"
         "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=vlm-operator")
-    assert builders.get_service(vlmd())["spec"]["selector"] == {
-        **labels, builders.IN_SERVICE_LABEL: "true"}
-    assert builders.get_pdb(vlmd())["spec"]["selector"]["matchLabels"] == labels
+    assert children.get_service(vlmd())["spec"]["selector"] == {
+        **labels, children.IN_SERVICE_LABEL: "true"}
+    assert children.get_pdb(vlmd())["spec"]["selector"]["matchLabels"] == labels
 
 
 def test_a_deployment_keeps_the_selector_it_was_made_with():
     """A Deployment's selector is immutable: one made before the selector gained managed-by
     keeps its own (applying another is refused with 422); a new one gets today's."""
-    dep = builders.get_deployment(vlmd())
+    dep = children.get_deployment(vlmd())
     old = {"spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": "demo"}}}}
-    kept = builders.keep_selector(dep, old)
+    kept = children.keep_selector(dep, old)
     assert kept["spec"]["selector"] == old["spec"]["selector"]
     assert kept["spec"]["template"] == dep["spec"]["template"]
-    assert builders.keep_selector(dep, None) == dep
-    svc = builders.get_service(vlmd())
-    assert builders.keep_selector(svc, old) == svc
+    assert children.keep_selector(dep, None) == dep
+    svc = children.get_service(vlmd())
+    assert children.keep_selector(svc, old) == svc
 
 
 def test_security_context_without_privileges():
-    pod = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = pod["containers"][0]["securityContext"]
@@ -201,7 +202,7 @@ def test_security_context_without_privileges():
 
 
 def test_scheduling():
-    pod = builders.get_deployment(vlmd(scheduling={
+    pod = children.get_deployment(vlmd(scheduling={
         "nodeSelector": {"gpu": "h100"}, "runtimeClassName": "nvidia",
         "priorityClassName": "high",
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
@@ -215,51 +216,51 @@ def test_scheduling():
             "effect": "NoSchedule"} in pod["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists",
             "effect": "NoSchedule"} in pod["tolerations"]
-    plain = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    plain = children.get_deployment(vlmd())["spec"]["template"]["spec"]
     assert "nodeSelector" not in plain and "priorityClassName" not in plain
 
 
 def test_replicas_and_rollout():
-    dep = builders.get_deployment(vlmd(replicas=3))
+    dep = children.get_deployment(vlmd(replicas=3))
     assert dep["spec"]["replicas"] == 3
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
 def test_service_selects_only_pods_in_service():
-    svc = builders.get_service(vlmd())
-    assert svc["spec"]["selector"][builders.IN_SERVICE_LABEL] == "true"
+    svc = children.get_service(vlmd())
+    assert svc["spec"]["selector"][children.IN_SERVICE_LABEL] == "true"
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http",
                                      "protocol": "TCP"}]
 
 
 def test_pdb():
-    pdb = builders.get_pdb(vlmd(replicas=2, health={"minAvailable": 2}))
+    pdb = children.get_pdb(vlmd(replicas=2, health={"minAvailable": 2}))
     assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["minAvailable"] == 2
-    assert pdb["spec"]["selector"]["matchLabels"] == builders.get_selector_labels("demo")
-    assert builders.get_pdb(vlmd(), "policy/v1beta1")["apiVersion"] == "policy/v1beta1"
+    assert pdb["spec"]["selector"]["matchLabels"] == children.get_selector_labels("demo")
+    assert children.get_pdb(vlmd(), "policy/v1beta1")["apiVersion"] == "policy/v1beta1"
 
 
 def test_pdb_lets_unhealthy_pods_go_only_where_the_apiserver_has_the_field():
     # 1.26+ (policy/v1 with the field in its schema): a pod that serves nothing never holds
     # up a drain; older apiservers refuse the unknown field in a server-side apply
-    assert "unhealthyPodEvictionPolicy" not in builders.get_pdb(vlmd())["spec"]
-    assert builders.get_pdb(vlmd(), "policy/v1", True)["spec"][
+    assert "unhealthyPodEvictionPolicy" not in children.get_pdb(vlmd())["spec"]
+    assert children.get_pdb(vlmd(), "policy/v1", True)["spec"][
         "unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    assert "unhealthyPodEvictionPolicy" not in builders.get_pdb(
+    assert "unhealthyPodEvictionPolicy" not in children.get_pdb(
         vlmd(), "policy/v1beta1", True)["spec"]
-    children = builders.get_children(vlmd(), unhealthy_pod_eviction=True)
-    (pdb,) = [c for c in children if c["kind"] == "PodDisruptionBudget"]
+    objs = children.get_children(vlmd(), unhealthy_pod_eviction=True)
+    (pdb,) = [c for c in objs if c["kind"] == "PodDisruptionBudget"]
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_termination_lets_requests_finish():
-    pod = builders.get_deployment(vlmd())["spec"]["template"]["spec"]
+    pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
     # the grace period holds the preStop's longest drain and vLLM's stop after it
-    assert pod["terminationGracePeriodSeconds"] == builders.DRAIN_LIMIT_S + builders.STOP_S
-    assert env_of(vlmd())[builders.POD_IP_ENV]["valueFrom"] == {
+    assert pod["terminationGracePeriodSeconds"] == children.DRAIN_LIMIT_S + children.STOP_S
+    assert env_of(vlmd())[children.POD_IP_ENV]["valueFrom"] == {
         "fieldRef": {"fieldPath": "status.podIP"}}
 
 
@@ -287,7 +288,7 @@ class FakeEngine:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer((self.ip, builders.PORT), Handler)
+        self.httpd = ThreadingHTTPServer((self.ip, children.PORT), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def stop(self):
@@ -297,13 +298,13 @@ class FakeEngine:
 
 def pre_stop(ip):
     command = container(vlmd())["lifecycle"]["preStop"]["exec"]["command"]
-    return subprocess.Popen([sys.executable, *command[1:]], env={builders.POD_IP_ENV: ip})
+    return subprocess.Popen([sys.executable, *command[1:]], env={children.POD_IP_ENV: ip})
 
 
 def test_pre_stop_returns_at_once_for_a_pod_that_serves_nothing():
     started = time.monotonic()
     assert pre_stop("127.66.250.250").wait(10) == 0  # nothing listens: /health fails
-    assert time.monotonic() - started < builders.ENDPOINTS_LAG_S
+    assert time.monotonic() - started < children.ENDPOINTS_LAG_S
 
 
 def test_pre_stop_waits_for_the_requests_in_flight():
@@ -311,11 +312,11 @@ def test_pre_stop_waits_for_the_requests_in_flight():
     try:
         started = time.monotonic()
         proc = pre_stop(engine.ip)
-        time.sleep(builders.ENDPOINTS_LAG_S + 2)
+        time.sleep(children.ENDPOINTS_LAG_S + 2)
         assert proc.poll() is None, "returned with requests in flight"
         engine.running = 0
         assert proc.wait(10) == 0
-        assert time.monotonic() - started >= builders.ENDPOINTS_LAG_S + 2
+        assert time.monotonic() - started >= children.ENDPOINTS_LAG_S + 2
     finally:
         engine.stop()
 
@@ -324,7 +325,7 @@ def test_pre_stop_takes_an_unreadable_load_as_busy_not_idle():
     engine = FakeEngine(metrics_status=500)
     try:
         proc = pre_stop(engine.ip)
-        time.sleep(builders.ENDPOINTS_LAG_S + 2)
+        time.sleep(children.ENDPOINTS_LAG_S + 2)
         assert proc.poll() is None
         engine.metrics_status = 200
         assert proc.wait(10) == 0
@@ -333,9 +334,9 @@ def test_pre_stop_takes_an_unreadable_load_as_busy_not_idle():
 
 
 def test_owner_references_only_when_uid_known():
-    for child in builders.get_children(vlmd()):
+    for child in children.get_children(vlmd()):
         assert "ownerReferences" not in child["metadata"]
-    for child in builders.get_children(vlmd(uid="1234")):
+    for child in children.get_children(vlmd(uid="1234")):
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref == {"apiVersion": crd.API_VERSION, "kind": "VLMDeployment", "name": "demo",
                        "uid": "1234", "controller": True, "blockOwnerDeletion": True}
@@ -343,21 +344,21 @@ def test_owner_references_only_when_uid_known():
 
 
 def test_is_controlled_by_reads_the_controller_reference():
-    (child,) = [c for c in builders.get_children(vlmd(uid="1234")) if c["kind"] == "Service"]
-    assert builders.is_controlled_by(child, "1234")
-    assert not builders.is_controlled_by(child, "5678")
-    assert not builders.is_controlled_by(child, None)
+    (child,) = [c for c in children.get_children(vlmd(uid="1234")) if c["kind"] == "Service"]
+    assert children.is_controlled_by(child, "1234")
+    assert not children.is_controlled_by(child, "5678")
+    assert not children.is_controlled_by(child, None)
     child["metadata"]["ownerReferences"][0]["controller"] = False  # owned, not controlled
-    assert not builders.is_controlled_by(child, "1234")
-    assert not builders.is_controlled_by({"metadata": {}}, "1234")
+    assert not children.is_controlled_by(child, "1234")
+    assert not children.is_controlled_by({"metadata": {}}, "1234")
 
 
 def test_builders_are_pure():
     obj = vlmd(uid="1", vllm={"extraArgs": ["--x"]})
-    assert builders.get_children(obj) == builders.get_children(obj)
-    first = builders.get_children(obj)
+    assert children.get_children(obj) == children.get_children(obj)
+    first = children.get_children(obj)
     first[0]["spec"]["template"]["spec"]["containers"][0]["args"].append("--mutated")
-    assert "--mutated" not in builders.get_children(obj)[0]["spec"]["template"]["spec"][
+    assert "--mutated" not in children.get_children(obj)[0]["spec"]["template"]["spec"][
         "containers"][0]["args"]
     assert obj.spec["vllm"]["extraArgs"] == ["--x"]
 
@@ -367,24 +368,24 @@ def test_returned_objects_share_nothing_with_the_spec():
                scheduling={"affinity": {"nodeAffinity": {"x": 1}},
                            "tolerations": [{"key": "k", "operator": "Exists"}]},
                resources={"requests": {"cpu": "1"}})
-    dep = builders.get_deployment(obj)
+    dep = children.get_deployment(obj)
     pod = dep["spec"]["template"]["spec"]
     pod["containers"][0]["env"][-1]["value"] = "changed"
     pod["affinity"]["nodeAffinity"]["x"] = 2
     pod["tolerations"][-1]["key"] = "changed"
     pod["containers"][0]["resources"]["requests"]["cpu"] = "9"
-    assert builders.get_deployment(obj) != dep
+    assert children.get_deployment(obj) != dep
     assert obj.spec["vllm"]["env"][0]["value"] == "1"
 
 
 def test_surge_adds_replicas_and_says_so_on_the_deployment():
-    plain = builders.get_deployment(vlmd(replicas=2))
+    plain = children.get_deployment(vlmd(replicas=2))
     assert plain["spec"]["replicas"] == 2
-    assert builders.SURGE_ANNOTATION not in plain["metadata"].get("annotations", {})
-    surged = builders.get_deployment(vlmd(replicas=2), surge=1)
+    assert children.SURGE_ANNOTATION not in plain["metadata"].get("annotations", {})
+    surged = children.get_deployment(vlmd(replicas=2), surge=1)
     assert surged["spec"]["replicas"] == 3
-    assert surged["metadata"]["annotations"] == {builders.SURGE_ANNOTATION: "1"}
-    stopped = builders.get_deployment(vlmd(replicas=0), surge=1)  # scaled to zero: no surge
+    assert surged["metadata"]["annotations"] == {children.SURGE_ANNOTATION: "1"}
+    stopped = children.get_deployment(vlmd(replicas=0), surge=1)  # scaled to zero: no surge
     assert stopped["spec"]["replicas"] == 0
     assert "annotations" not in stopped["metadata"]
 
@@ -395,13 +396,13 @@ def test_media_urls_are_fetched_only_from_allowed_hosts():
     cloud metadata; listed hosts are allowed without redirects; "*" is vLLM's own default."""
     def engine(**vllm):
         obj = vlmd(vllm=vllm)
-        args, env = builders.get_vllm_args(obj), {e["name"]: e.get("value")
-                                                 for e in builders.get_env(obj)}
+        args, env = children.get_vllm_args(obj), {e["name"]: e.get("value")
+                                                 for e in children.get_env(obj)}
         return args, env
 
     args, env = engine()
     i = args.index("--allowed-media-domains")
-    assert args[i + 1] == builders.NO_MEDIA_HOST and args[i + 2:i + 3] != [builders.NO_MEDIA_HOST]
+    assert args[i + 1] == children.NO_MEDIA_HOST and args[i + 2:i + 3] != [children.NO_MEDIA_HOST]
     assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
     args, env = engine(allowedMediaDomains=["images.example.com", "cdn.example.com"],
                        extraArgs=["--enforce-eager"])

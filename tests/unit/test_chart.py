@@ -11,9 +11,9 @@ import subprocess
 import pytest
 import yaml
 
-from vlm_operator import crd
-from vlm_operator.reference_docs import get_reference
-from vlm_operator.sharding import Shard
+from vlm_operator.api import crd
+from vlm_operator.api.reference_docs import get_reference
+from vlm_operator.runtime.sharding import Shard
 from vlm_testbed import chart
 from vlm_testbed.chart import CHART, template
 
@@ -150,12 +150,12 @@ def test_the_monitors_select_the_operator_and_the_vllm_pods_and_honor_no_labels(
     """The operator's Service and every managed vLLM pod, in the watched namespaces; with
     honorLabels false the targets' namespace/pod/job win, and nothing the operator or vLLM
     exports is named like them (test_queries_use_only_exported_metrics_and_labels)."""
-    from vlm_operator import builders
-    from vlm_operator.spec import parse
+    from vlm_operator.api.validation import parse
+    from vlm_operator.desired import children
 
     vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
                   "metadata": {"name": "m", "namespace": "team-a"}, "spec": {"model": "x"}})
-    (dep,) = [c for c in builders.get_children(vlmd) if c["kind"] == "Deployment"]
+    (dep,) = [c for c in children.get_children(vlmd) if c["kind"] == "Deployment"]
     pod = dep["spec"]["template"]
     docs = template(*VARIANTS["everything"])
     (svc,) = find(docs, "Service")
@@ -254,7 +254,7 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
     """Off by default; on, one per watched namespace, selecting the pods the operator manages
     (as builders labels them) and admitting only the operator's pods (as the chart labels
     them, from the release's namespace) to vLLM's port."""
-    from vlm_operator import builders
+    from vlm_operator.desired import children
 
     assert not find(template(), "NetworkPolicy")
     assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy")
@@ -263,7 +263,7 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     (dep,) = find(docs, "Deployment")
     operator_labels = dep["spec"]["template"]["metadata"]["labels"]
-    pod_labels = builders.get_labels("any")
+    pod_labels = children.get_labels("any")
     for policy in policies:
         spec = policy["spec"]
         assert spec["policyTypes"] == ["Ingress"]
@@ -274,7 +274,7 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
         assert peer["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": "ops"}
         assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
-        assert rule["ports"] == [{"protocol": "TCP", "port": builders.PORT}]
+        assert rule["ports"] == [{"protocol": "TCP", "port": children.PORT}]
     cluster_wide = template("--set", "networkPolicy.enabled=true,networkPolicy.namespaces={x}")
     assert [p["metadata"]["namespace"] for p in find(cluster_wide, "NetworkPolicy")] == ["x"]
     refused = subprocess.run([helm, "template", "rel", str(CHART), "--set",
@@ -532,13 +532,13 @@ def _deployment_allowed(policy, template_spec, operation="CREATE"):
 def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
     """A leaked operator token may write Deployments, but none whose pods get host access or a
     token: the pod template the builders make passes, each escalation is refused."""
-    from vlm_operator import builders
-    from vlm_operator.spec import parse
+    from vlm_operator.api.validation import parse
+    from vlm_operator.desired import children
 
     (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
     vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
                   "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m"}})
-    ours = builders.get_pod_template(vlmd)["spec"]
+    ours = children.get_pod_template(vlmd)["spec"]
     assert _deployment_allowed(policy, ours)
     vllm = ours["containers"][0]
     escalations = [
@@ -574,7 +574,7 @@ def test_security_doc_names_every_policy_and_rbac_value():
 def test_install_doc_names_every_alert_and_gives_the_adapter_rule():
     """docs/install.md explains each alert, and its prometheus-adapter rule is the one HPA mode
     is tested with."""
-    from vlm_operator.autoscaling_builders import PROMETHEUS_ADAPTER_RULE
+    from vlm_operator.desired.autoscaler_objects import PROMETHEUS_ADAPTER_RULE
 
     install = (ROOT / "docs/install.md").read_text()
     (rule,) = find(template(*VARIANTS["everything"]), "PrometheusRule")

@@ -1,4 +1,4 @@
-"""cluster_cache.Informer on a stand-in apiserver: LIST then WATCH, events applied in order, a
+"""caches.Informer on a stand-in apiserver: LIST then WATCH, events applied in order, a
 410 relists, a watch that RBAC forbids falls back to polling, and a cache that cannot vouch
 for what it holds raises Stale."""
 
@@ -9,8 +9,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from waiting import wait_until
 
-from vlm_operator import cluster_cache
-from vlm_operator.cluster_cache import ClusterCache, Informer, Stale
+from vlm_operator.k8s import caches
+from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
 
 
 def obj(uid, rv, **labels):
@@ -104,7 +104,7 @@ def test_watch_events_change_what_is_held():
 
 
 def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
-    monkeypatch.setattr(cluster_cache, "POLL_S", 0.01)
+    monkeypatch.setattr(caches, "POLL_S", 0.01)
     page = {"items": [obj("a", "1")], "metadata": {"resourceVersion": "1"}}
     kube = Kube([page], [ApiException(status=403, reason="Forbidden")])
     informer = Informer(kube, "test", "/api/v1/pods", keep).start()
@@ -115,7 +115,7 @@ def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
     finally:
         informer.stop()
 
-    monkeypatch.setattr(cluster_cache, "SYNC_WAIT_S", 0.05)
+    monkeypatch.setattr(caches, "SYNC_WAIT_S", 0.05)
     failing = Kube([], [])
     failing.list_page = lambda path, query: (_ for _ in ()).throw(
         ApiException(status=None, reason="no answer"))
@@ -140,7 +140,7 @@ def test_managed_pods_are_served_by_namespace_and_selector_without_managed_field
         assert [p["metadata"]["name"] for p in pods] == ["p1"]  # p3 is not ours
         assert "managedFields" not in pods[0]["metadata"]
         assert cache.list_pods("other", "app.kubernetes.io/instance=m") == []
-        assert kube.queries[0]["labelSelector"] == cluster_cache.MANAGED
+        assert kube.queries[0]["labelSelector"] == caches.MANAGED
     finally:
         cache.stop()
 

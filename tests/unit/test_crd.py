@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from vlm_operator import crd
+from vlm_operator.api import crd
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"

@@ -9,7 +9,7 @@ import threading
 import pytest
 from waiting import wait_until
 
-from vlm_operator.fairpool import FairPool, shares
+from vlm_operator.engine.fairpool import FairPool, shares
 
 
 @pytest.fixture

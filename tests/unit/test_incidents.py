@@ -1,5 +1,6 @@
-"""incidents.py: windows in any order and counted once, incident ages, the restart history as
-memory and annotation agree on it, and the in-flight records a fresh operator reads back."""
+"""remediation/incidents.py: windows in any order and counted once, incident ages, the restart
+history as memory and annotation agree on it, and the in-flight records a fresh operator reads
+back."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vlm_operator.incidents import (
-    HISTORY,
-    IN_FLIGHT,
+from vlm_operator.api.names import HISTORY, IN_FLIGHT
+from vlm_operator.remediation.incidents import (
     REPLACE,
     SCALE_DOWN,
     InFlight,

@@ -1,4 +1,4 @@
-"""kube.py: every call has a deadline and keepalive, and no answer is an ApiException."""
+"""k8s/kube.py: every call has a deadline and keepalive, and no answer is an ApiException."""
 
 import socket
 import threading
@@ -8,7 +8,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
-from vlm_operator import kube
+from vlm_operator.k8s import kube
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_only_pods_whose_owner_chain_leads_to_the_vlmdeployment_are_ours():
 
 
 def test_schema_has_reads_an_openapi_v3_document():
-    from vlm_operator.kube import schema_has
+    from vlm_operator.k8s.kube import schema_has
 
     doc = {"components": {"schemas": {"io.k8s.api.policy.v1.PodDisruptionBudgetSpec": {
         "properties": {"minAvailable": {}, "unhealthyPodEvictionPolicy": {"type": "string"}}}}}}

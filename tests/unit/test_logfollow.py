@@ -1,4 +1,4 @@
-"""logfollow.py: line splitting with a bounded buffer, resume de-duplication, the kubelet's
+"""stream.py: line splitting with a bounded buffer, resume de-duplication, the kubelet's
 timestamps, and when a follower reconnects."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vlm_operator.logfollow import (
+from vlm_operator.logs.stream import (
     END_WAIT_S,
     ENDED,
     ERROR,
@@ -90,8 +90,8 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from vlm_operator import logfollow  # noqa: E402
-from vlm_operator.logfollow import (  # noqa: E402
+from vlm_operator.logs import stream  # noqa: E402
+from vlm_operator.logs.stream import (  # noqa: E402
     LOG_MARK,
     Follower,
     Mark,
@@ -260,12 +260,12 @@ def test_a_line_the_matcher_fails_on_is_counted_and_logged_once_a_minute(caplog,
         raise ValueError("bad line")
 
     monkeypatch.setattr(follower.scanner, "feed", boom)
-    before = logfollow.LOG_LINE_ERRORS.labels("scan")._value.get()
-    with caplog.at_level(logging.INFO, logger="vlm_operator.logfollow"):
+    before = stream.LOG_LINE_ERRORS.labels("scan")._value.get()
+    with caplog.at_level(logging.INFO, logger="vlm_operator.logs.stream"):
         for i in range(100):
             follower._line(f"{STAMP} line {i}")
-    assert logfollow.LOG_LINE_ERRORS.labels("scan")._value.get() - before == 100
-    records = [r for r in caplog.records if r.name == "vlm_operator.logfollow"]
+    assert stream.LOG_LINE_ERRORS.labels("scan")._value.get() - before == 100
+    records = [r for r in caplog.records if r.name == "vlm_operator.logs.stream"]
     assert len(records) == 1 and records[0].exc_info is None
     assert "could not be scanned (ValueError: bad line)" in records[0].getMessage()
 
@@ -316,7 +316,7 @@ def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
         until("the log stream opened", lambda: sink.api.requests)
     finally:
         follower.stop()
-    assert sink.api.requests[0]["sinceTime"] == logfollow.since_time(mark.ns // 1_000_000_000)
+    assert sink.api.requests[0]["sinceTime"] == stream.since_time(mark.ns // 1_000_000_000)
     assert follower.plugin == "active" and follower.readable
     # the lines of that second up to the mark were handled before; the ones after were not
     assert not follower.dedupe.fresh(mark.ns, "handled")
@@ -362,5 +362,5 @@ def test_dedupe_memory_is_bounded_in_a_flood_second():
     d = Dedupe()
     for i in range(200_000):
         assert d.fresh(5_000_000_000 + i, "x" * 100 + str(i))
-    assert len(d.seen) == logfollow.MAX_DEDUPE
+    assert len(d.seen) == stream.MAX_DEDUPE
     assert not d.fresh(5_000_000_000, "x" * 100 + "0")  # remembered: dropped on a replay

@@ -2,8 +2,9 @@
 
 import time
 
-from vlm_operator import remediation
-from vlm_operator.logwatch import Follower, LogWatch
+from vlm_operator.logs.watcher import Follower, LogWatch
+from vlm_operator.remediation import decide as remediation
+from vlm_operator.stalls.watch import Heartbeats
 
 
 def pod(name, owner="demo", ns="ml"):
@@ -89,7 +90,7 @@ def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
     keyed by the container instance and the engine process; the pod's log is noted as live."""
     from vlm_testbed import vllmsim
 
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None, heartbeats=Heartbeats())
     try:
         follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
         for pid, steps in ((7, 3), (8, 9)):
@@ -126,7 +127,7 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
 
 
 def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
-    from vlm_operator.stall_watch import MAX_ENGINES, Heartbeats
+    from vlm_operator.stalls.watch import MAX_ENGINES, Heartbeats
 
     class Log:
         last_line_at = 1.0

@@ -22,8 +22,9 @@ import sys
 import pytest
 import yaml
 
-from vlm_operator import builders, crd
-from vlm_operator.spec import parse
+from vlm_operator.api import crd
+from vlm_operator.api.validation import parse
+from vlm_operator.desired import children
 from vlm_testbed.chart import template
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -156,7 +157,7 @@ def test_rendered_objects_match_their_owners_schemas(node, pdb):
 def test_what_the_operator_applies_on_older_clusters_and_while_replacing(node):
     """The children render never shows: the autoscaling/v2beta2 HPA of 1.20-1.22 clusters and
     the Deployment with a surge replica while a pod is replaced."""
-    docs = [c for spec in SPECS for c in builders.get_children(
+    docs = [c for spec in SPECS for c in children.get_children(
         parse(spec), "policy/v1beta1", "autoscaling/v2beta2", keda=True, surge=1,
         prometheus_address=KEDA_PROMETHEUS)]
     assert any(d["apiVersion"] == "autoscaling/v2beta2" for d in docs)

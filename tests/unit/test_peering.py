@@ -4,7 +4,7 @@ import datetime as dt
 
 from kopf._core.engines.peering import Peer  # the writer of the status format we read
 
-from vlm_operator.peering import get_identity, may_act
+from vlm_operator.k8s.peering import get_identity, may_act
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from waiting import wait_until
 
-from vlm_operator.periodic import Periodic
+from vlm_operator.runtime.periodic import Periodic
 
 
 def body(name, mode=None, ns="team"):
@@ -217,7 +217,7 @@ class Reads:
 
 
 def rounds_due(pods, held=False, annotations=None, **spec):
-    from vlm_operator.rounds import Rounds
+    from vlm_operator.runtime.rounds import Rounds
     rounds = Rounds(Cache(pods), None, None, None, Reads(held), None)
     return rounds.due({"metadata": {"namespace": "team", "name": "x",
                                     "annotations": annotations or {}},
@@ -233,7 +233,7 @@ def test_rounds_are_due_only_with_something_to_do():
     assert rounds_due(False, replicas=0, autoscaling=builtin)  # below minReplicas: scales up
     assert not rounds_due(False, replicas=0, autoscaling={**builtin, "minReplicas": 0})
     # an action in flight has a round to drive it, pods or not (a standby taking over)
-    from vlm_operator import incidents
+    from vlm_operator.remediation import incidents
     record = incidents.InFlight(incidents.SCALE_DOWN, "x-1", "u1", "tokenizer_retry", 1.0, 1.0, 2)
     assert rounds_due(False, replicas=0, annotations={
         incidents.IN_FLIGHT: incidents.in_flight_value({"u1": record})})

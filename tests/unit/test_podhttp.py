@@ -1,4 +1,4 @@
-"""The operator's HTTP exchanges with pods (podhttp.py, through scrape.py), against local
+"""The operator's HTTP exchanges with pods (engine/podhttp.py, through reader.py), against local
 servers: the vLLM stand-in in its hostile modes (redirects, a huge /metrics, drip-fed headers),
 a port nothing listens on, a listener whose queue is full (SYNs dropped: a connect timeout, as
 behind a NetworkPolicy that drops), and one that accepts and never answers."""
@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from vlm_operator import builders, podhttp, scrape
-from vlm_operator.podhttp import (
+from vlm_operator.api import names
+from vlm_operator.engine import podhttp, reader
+from vlm_operator.engine.podhttp import (
     BAD_ANSWER,
     REDIRECT,
     TIMEOUT,
@@ -20,7 +21,7 @@ from vlm_operator.podhttp import (
     UNREACHABLE,
     PodHTTPError,
 )
-from vlm_operator.stalls import PROGRESS_METRICS
+from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_testbed import vllmsim
 
 POD_IP, TARGET_IP = "127.0.41.2", "127.0.41.3"
@@ -38,13 +39,13 @@ def target():
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """The vLLM stand-in's HTTP side on POD_IP, in this process; builders.PORT is its port."""
+    """The vLLM stand-in's HTTP side on POD_IP, in this process; names.PORT is its port."""
     sim = vllmsim.Simulator(vllmsim.parse_serve_args(["m", "--host", POD_IP]),
                             {"VLM_SIM_STATS_INTERVAL": "0"})
     handler = type("Handler", (vllmsim.Handler,), {"sim": sim})
     httpd = http.server.ThreadingHTTPServer((POD_IP, 0), handler)
     httpd.daemon_threads = True
-    monkeypatch.setattr(builders, "PORT", httpd.server_address[1])
+    monkeypatch.setattr(names, "PORT", httpd.server_address[1])
     monkeypatch.setattr(vllmsim.Simulator, "emit", lambda self, line, stream=None: None)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield sim
@@ -59,11 +60,11 @@ def kind_of(call) -> str:
 
 
 def test_a_well_behaved_pod_reads_as_before(stand_in):
-    values = scrape.get_metrics(POD_IP, PROGRESS_METRICS)
+    values = reader.get_metrics(POD_IP, PROGRESS_METRICS)
     assert set(values) == set(PROGRESS_METRICS)
-    assert scrape.health(POD_IP) == "ok"
-    assert scrape.canary(POD_IP, 2.0, scrape.canary_id()) == scrape.ANSWERED
-    assert scrape.requests_in_flight(POD_IP) == 0.0
+    assert reader.health(POD_IP) == "ok"
+    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == reader.ANSWERED
+    assert reader.requests_in_flight(POD_IP) == 0.0
 
 
 def test_redirects_are_never_followed(stand_in, target):
@@ -71,20 +72,20 @@ def test_redirects_are_never_followed(stand_in, target):
     an error for that pod, and the address it names gets nothing."""
     stand_in.apply_fault({"fault": "redirect", "to": target.url,
                           "paths": ["/metrics", "/health", "/v1/models", "/v1/completions"]})
-    assert kind_of(lambda: scrape.get_metrics(POD_IP, PROGRESS_METRICS)) == REDIRECT
-    assert scrape.health(POD_IP) == REDIRECT
-    assert scrape.canary(POD_IP, 2.0, scrape.canary_id()) == REDIRECT
-    assert scrape.requests_in_flight(POD_IP) is None
+    assert kind_of(lambda: reader.get_metrics(POD_IP, PROGRESS_METRICS)) == REDIRECT
+    assert reader.health(POD_IP) == REDIRECT
+    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == REDIRECT
+    assert reader.requests_in_flight(POD_IP) is None
     stand_in.apply_fault({"fault": "redirect", "to": target.url, "status": 307,
                           "paths": ["/v1/completions"]})  # the POST itself redirected
-    assert scrape.canary(POD_IP, 2.0, scrape.canary_id()) == REDIRECT
+    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == REDIRECT
     assert target.requests == []
 
 
 def test_the_redirect_error_says_where_it_pointed(stand_in, target):
     stand_in.apply_fault({"fault": "redirect", "to": target.url})
     with pytest.raises(PodHTTPError) as info:
-        scrape.get_metrics(POD_IP, PROGRESS_METRICS)
+        reader.get_metrics(POD_IP, PROGRESS_METRICS)
     assert "302" in info.value.detail and target.url in info.value.detail
 
 
@@ -94,7 +95,7 @@ def test_a_huge_metrics_page_is_cut_at_the_cap_and_not_parsed(stand_in, length):
     cap, before any parsing; with a Content-Length, before its body is read."""
     stand_in.apply_fault({"fault": "huge_metrics", "bytes": 100_000_000, "length": length})
     with pytest.raises(PodHTTPError) as info:
-        scrape.get_metrics(POD_IP, scrape.IN_FLIGHT_METRICS)
+        reader.get_metrics(POD_IP, reader.IN_FLIGHT_METRICS)
     assert info.value.kind == TOO_LARGE
     assert ("Content-Length 100000000" in info.value.detail) == length
 
@@ -103,10 +104,10 @@ def test_a_page_just_under_the_cap_is_read_but_not_endless_samples(stand_in):
     """Under the cap the page is read (the progress counters are not on this one); made of
     nothing but the samples asked for, it is refused past MAX_SAMPLE_LINES of them rather
     than parsed line by line (a vLLM server has a few dozen)."""
-    stand_in.apply_fault({"fault": "huge_metrics", "bytes": scrape.METRICS_CAP - 4096})
-    assert scrape.get_metrics(POD_IP, PROGRESS_METRICS) == {}
+    stand_in.apply_fault({"fault": "huge_metrics", "bytes": reader.METRICS_CAP - 4096})
+    assert reader.get_metrics(POD_IP, PROGRESS_METRICS) == {}
     with pytest.raises(PodHTTPError) as info:
-        scrape.get_metrics(POD_IP, scrape.IN_FLIGHT_METRICS)
+        reader.get_metrics(POD_IP, reader.IN_FLIGHT_METRICS)
     assert info.value.kind == BAD_ANSWER and "more than 4096 lines" in info.value.detail
 
 
@@ -116,14 +117,14 @@ def test_drip_fed_headers_are_cut_at_the_deadline(stand_in):
     on a connection the pod accepted: a timeout, not unreachable."""
     stand_in.apply_fault({"fault": "drip_headers", "interval": 0.5, "lines": 8})
     with pytest.raises(PodHTTPError) as info:
-        scrape.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=1.0)
+        reader.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=1.0)
     assert info.value.kind == TIMEOUT and "within 1 s" in info.value.detail
-    assert scrape.canary(POD_IP, 1.0, scrape.canary_id()) == TIMEOUT  # /v1/models drips too
+    assert reader.canary(POD_IP, 1.0, reader.canary_id()) == TIMEOUT  # /v1/models drips too
 
 
 def test_drip_fed_headers_within_the_deadline_are_an_answer(stand_in):
     stand_in.apply_fault({"fault": "drip_headers", "interval": 0.05, "lines": 4})
-    assert set(scrape.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=2.0)) == set(
+    assert set(reader.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=2.0)) == set(
         PROGRESS_METRICS)
 
 
@@ -131,10 +132,10 @@ def test_refused_is_unreachable_and_never_zero_in_flight():
     """Nothing listens (a container not started, or a CNI rejecting the operator): the
     connection cannot be made, which says nothing about requests in flight."""
     free = "127.0.41.9"
-    assert kind_of(lambda: scrape.get_metrics(free, PROGRESS_METRICS)) == UNREACHABLE
-    assert scrape.health(free) == UNREACHABLE
-    assert scrape.canary(free, 1.0, scrape.canary_id()) == UNREACHABLE
-    assert scrape.requests_in_flight(free) is None
+    assert kind_of(lambda: reader.get_metrics(free, PROGRESS_METRICS)) == UNREACHABLE
+    assert reader.health(free) == UNREACHABLE
+    assert reader.canary(free, 1.0, reader.canary_id()) == UNREACHABLE
+    assert reader.requests_in_flight(free) is None
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def full_listener(monkeypatch):
     server = socket.socket()
     server.bind((POD_IP, 0))
     server.listen(0)
-    monkeypatch.setattr(builders, "PORT", server.getsockname()[1])
+    monkeypatch.setattr(names, "PORT", server.getsockname()[1])
     held = []
     for _ in range(4):
         sock = socket.socket()
@@ -163,22 +164,22 @@ def full_listener(monkeypatch):
 
 def test_a_connect_timeout_is_unreachable_not_a_timeout(full_listener):
     with pytest.raises(PodHTTPError) as info:
-        scrape.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=0.5)
+        reader.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=0.5)
     assert info.value.kind == UNREACHABLE and "connect timed out" in info.value.detail
-    assert scrape.health(POD_IP, 0.5) == UNREACHABLE
-    assert scrape.canary(POD_IP, 0.5, scrape.canary_id()) == UNREACHABLE
-    assert scrape.requests_in_flight(POD_IP, 0.5) is None
+    assert reader.health(POD_IP, 0.5) == UNREACHABLE
+    assert reader.canary(POD_IP, 0.5, reader.canary_id()) == UNREACHABLE
+    assert reader.requests_in_flight(POD_IP, 0.5) is None
 
 
 def test_a_server_that_accepts_and_never_answers_is_a_timeout(monkeypatch):
     server = socket.socket()
     server.bind((POD_IP, 0))
     server.listen(8)  # the kernel completes the handshake; nobody ever reads
-    monkeypatch.setattr(builders, "PORT", server.getsockname()[1])
+    monkeypatch.setattr(names, "PORT", server.getsockname()[1])
     try:
-        assert kind_of(lambda: scrape.get_metrics(POD_IP, PROGRESS_METRICS, 0.5)) == TIMEOUT
-        assert scrape.health(POD_IP, 0.5) == TIMEOUT
-        assert scrape.canary(POD_IP, 0.5, scrape.canary_id()) == TIMEOUT
+        assert kind_of(lambda: reader.get_metrics(POD_IP, PROGRESS_METRICS, 0.5)) == TIMEOUT
+        assert reader.health(POD_IP, 0.5) == TIMEOUT
+        assert reader.canary(POD_IP, 0.5, reader.canary_id()) == TIMEOUT
     finally:
         server.close()
 

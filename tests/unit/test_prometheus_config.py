@@ -245,7 +245,7 @@ def test_endpointslice_role_joins_the_service_and_the_pod():
 
 @pytest.mark.parametrize("metric", ["vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"])
 def test_the_adapter_rule_serves_the_metric_the_hpa_asks_for(metric):
-    from vlm_operator.autoscaling_builders import PROMETHEUS_ADAPTER_RULE, adapter_metric_name
+    from vlm_operator.desired.autoscaler_objects import PROMETHEUS_ADAPTER_RULE, adapter_metric_name
 
     query = prometheus.adapter_pods_query(
         PROMETHEUS_ADAPTER_RULE, adapter_metric_name(metric),

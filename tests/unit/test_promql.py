@@ -3,7 +3,7 @@ carry namespace="<ns>" as an equality matcher."""
 
 import pytest
 
-from vlm_operator import promql
+from vlm_operator.api import promql
 
 NS = "team-a"
 

@@ -4,7 +4,7 @@ import contextlib
 import threading
 import time
 
-from vlm_operator.reconciler import Reconciler
+from vlm_operator.reconcile.reconciler import Reconciler
 
 
 class SlowKube:

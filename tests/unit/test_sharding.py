@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from vlm_operator.sharding import Shard, ordinal, shard_of
+from vlm_operator.runtime.sharding import Shard, ordinal, shard_of
 
 
 def test_every_vlmdeployment_has_exactly_one_shard_and_they_spread():

@@ -12,15 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vlm_operator.signatures import (
+from vlm_operator.api.log_signatures import (
     SIGNATURES,
-    Scanner,
     SignatureConfigError,
     compile_extra_signatures,
-    match,
-    parse_line,
-    split_line,
 )
+from vlm_operator.logs.signatures import Scanner, match, parse_line, split_line
 
 DATA = Path(__file__).parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
@@ -525,7 +522,7 @@ def test_distinct_process_prefixes_keep_bounded_state():
     finally:
         tracemalloc.stop()
     assert kept < 256 * 1024, f"{kept} bytes kept for 100,000 distinct processes"
-    from vlm_operator.signatures import MAX_PROCESSES
+    from vlm_operator.logs.signatures import MAX_PROCESSES
 
     assert sc.processes == MAX_PROCESSES
 

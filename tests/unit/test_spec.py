@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
-from vlm_operator import crd
-from vlm_operator.spec import SpecError, parse, validate
-from vlm_operator.versions import Version
+from vlm_operator.api import crd
+from vlm_operator.api.validation import SpecError, parse, validate
+from vlm_operator.api.versions import Version
 
 
 def cr(**spec):

@@ -4,8 +4,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from vlm_operator import builders, crd
-from vlm_operator.spec import SpecError, _forbid_unknown, parse, validate
+from vlm_operator.api import crd
+from vlm_operator.api.validation import SpecError, _forbid_unknown, parse, validate
+from vlm_operator.desired import children
 
 SPEC_SCHEMA = _forbid_unknown(crd.get_schema()["properties"]["spec"])
 
@@ -25,10 +26,10 @@ def test_schema_valid_specs_render_or_fail_cleanly(spec):
         assert exc.problems
         assert all(":" in p for p in exc.problems)
         return
-    children = builders.get_children(vlmd)
-    kinds = [c["kind"] for c in children]
+    objs = children.get_children(vlmd)
+    kinds = [c["kind"] for c in objs]
     assert kinds.count("Deployment") == 1 and kinds.count("Service") == 1
-    dep = children[kinds.index("Deployment")]
+    dep = objs[kinds.index("Deployment")]
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == vlmd.spec["model"]
     assert all(isinstance(a, str) for a in args)

@@ -1,11 +1,12 @@
-"""stalls.py: the pure stall decision: counters and canary, the engine heartbeat, which
+"""stalls/verdicts.py: the pure stall decision: counters and canary, the engine heartbeat, which
 detector works."""
 
 from __future__ import annotations
 
 import pytest
 
-from vlm_operator.stalls import (
+from vlm_operator.k8s.pods import not_ready
+from vlm_operator.stalls.verdicts import (
     ANSWERED,
     CANARY,
     HEARTBEAT,
@@ -29,7 +30,6 @@ from vlm_operator.stalls import (
     canary_due,
     detection_report,
     detector,
-    not_ready,
     observe,
     stall_detail,
     stall_report_due,
@@ -146,7 +146,7 @@ def test_api_unresponsive_is_acted_on_only_when_the_kubelet_agrees():
 
 
 def hb(steps=0, in_flight=0, step_s=0.0, tokens=0, running=0, waiting=0, every=5):
-    """A heartbeat line's fields as signatures.py hands them over (strings)."""
+    """A heartbeat line's fields as logs/signatures.py hands them over (strings)."""
     return {"every": f"{every:g}", "steps": str(steps), "in_flight": str(in_flight),
             "step_s": f"{step_s:.1f}", "step_tokens": str(tokens), "running": str(running),
             "waiting": str(waiting)}

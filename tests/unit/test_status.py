@@ -1,7 +1,8 @@
 """Status and Events, decided from spec validity, the Deployment and the pods."""
 
-from vlm_operator import crd, status
-from vlm_operator.spec import parse
+from vlm_operator.api import crd
+from vlm_operator.api.validation import parse
+from vlm_operator.reconcile import status
 
 T0, T1 = "2026-11-29T08:00:00Z", "2026-11-29T09:00:00Z"
 

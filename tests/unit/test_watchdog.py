@@ -6,8 +6,8 @@ import threading
 from prometheus_client import REGISTRY
 from waiting import wait_until
 
-from vlm_operator.periodic import Periodic
-from vlm_operator.watchdog import Watchdog, overdue, round_loop
+from vlm_operator.runtime.periodic import Periodic
+from vlm_operator.runtime.watchdog import Watchdog, overdue, round_loop
 
 
 class Clock:
