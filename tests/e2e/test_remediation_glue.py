@@ -32,7 +32,7 @@ SLOW = {"health": {"tokenizerRetry": {"threshold": 1, "windowSeconds": 60,
 
 class BareKube(Kube):
     """The pods here are bare (no ReplicaSet or Deployment owns them): the owner-chain check
-    (Kube.owned_pods, tests/unit/test_kube.py) is left out, every labelled pod is taken."""
+    (Kube.owned_pods, tests/unit/k8s/test_kube.py) is left out, every labelled pod is taken."""
 
     def owned_pods(self, pods):
         return pods

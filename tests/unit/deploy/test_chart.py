@@ -17,7 +17,7 @@ from vlm_operator.runtime.sharding import Shard
 from vlm_testbed import chart
 from vlm_testbed.chart import CHART, template
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 INSTALL = ROOT / "manifests/install.yaml"
 
 # Value sets that exercise every branch of the templates.

@@ -19,7 +19,7 @@ from vlm_operator.api.log_signatures import (
 )
 from vlm_operator.logs.signatures import Scanner, match, parse_line, split_line
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
 DEAD = ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
         "See stack trace (above) for the root cause.")

@@ -27,7 +27,7 @@ from vlm_operator.api.validation import parse
 from vlm_operator.desired import children
 from vlm_testbed.chart import template
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 VALIDATOR = ROOT / "hack" / "validate-objects"
 NO_OWNER_SCHEMA = {"KopfPeering", "ClusterKopfPeering"}
 

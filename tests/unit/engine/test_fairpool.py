@@ -7,9 +7,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from waiting import wait_until
 
 from vlm_operator.engine.fairpool import FairPool, shares
+
+from ..waiting import wait_until
 
 
 @pytest.fixture

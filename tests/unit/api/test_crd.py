@@ -8,7 +8,7 @@ import yaml
 
 from vlm_operator.api import crd
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 GENERATED = ROOT / "manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
 PEERING = ROOT / "manifests/crds/kopf.dev_peerings.yaml"
 

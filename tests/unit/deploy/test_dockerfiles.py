@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM = ROOT / "images" / "vllm" / "Dockerfile"
 OPERATOR = ROOT / "images" / "operator" / "Dockerfile"
 ENTRY_POINT = "vllm_tokenizer_pool.plugin:register"

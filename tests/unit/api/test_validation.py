@@ -274,7 +274,7 @@ def test_extra_signature_problems(extra, expected):
 
 
 def test_nested_quantifiers_are_fine_on_re2():
-    """RE2 matches them in linear time (tests/unit/test_extra_signature_linear_time.py)."""
+    """RE2 matches them in linear time (tests/unit/api/test_extra_signature_linear_time.py)."""
     assert problems_of(cr(health={"extraSignatures": [
         {"name": "oom", "regex": "CUDA (a+)+"}, {"name": "alt", "regex": "abc(?:x|x)+y"}]})) == []
 

@@ -7,10 +7,11 @@ import threading
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from waiting import wait_until
 
 from vlm_operator.k8s import caches
 from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
+
+from ..waiting import wait_until
 
 
 def obj(uid, rv, **labels):

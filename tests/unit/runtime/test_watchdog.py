@@ -4,10 +4,11 @@ FACTOR times its period is reported (log, gauges, OperatorStalled), and so is it
 import threading
 
 from prometheus_client import REGISTRY
-from waiting import wait_until
 
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.watchdog import Watchdog, overdue, round_loop
+
+from ..waiting import wait_until
 
 
 class Clock:

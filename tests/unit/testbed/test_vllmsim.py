@@ -19,7 +19,7 @@ import pytest
 
 from vlm_testbed.vllmsim import engine_dead_lines, parse_serve_args, retry_warning
 
-REAL_LOGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "vllm-logs"
+REAL_LOGS = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "vllm-logs"
 HEADER = re.compile(r"^\((APIServer|EngineCore(_DP0)?) pid=\d+\) (INFO|WARNING|ERROR) "
                     r"\d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] ")
 IMAGE = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"

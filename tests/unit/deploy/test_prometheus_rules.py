@@ -15,7 +15,7 @@ import yaml
 from vlm_testbed.chart import template
 from vlm_testbed.prometheus import rule_groups
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 ALERT_TESTS = ROOT / "tests" / "prometheus" / "alerts_test.yaml"
 RULES = ["--set", "metrics.prometheusRule.enabled=true"]
 

@@ -5,9 +5,10 @@ import threading
 import time
 
 import pytest
-from waiting import wait_until
 
 from vlm_operator.runtime.periodic import Periodic
+
+from ..waiting import wait_until
 
 
 def body(name, mode=None, ns="team"):
