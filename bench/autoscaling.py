@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 
 from common import machine
-from vlm_operator import autoscaling as a
-from vlm_operator import builders
+from vlm_operator.autoscaling import decide as a
+from vlm_operator.desired import children
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -137,13 +137,13 @@ def live(trials: int = 5) -> dict:
     from kube_helpers import cr, create, get_cr, make_namespace
     from kubernetes import client
 
-    from vlm_operator.crd import get_crd
+    from vlm_operator.api.crd import get_crd
     from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
     from vlm_testbed.nodesim import NodeSimulator
     from vlm_testbed.operator_process import OperatorProcess
 
     def post(ip: str, body: dict) -> None:
-        req = urllib.request.Request(f"http://{ip}:{builders.PORT}/sim/fault", method="POST",
+        req = urllib.request.Request(f"http://{ip}:{children.PORT}/sim/fault", method="POST",
                                      data=json.dumps(body).encode())
         urllib.request.urlopen(req, timeout=5).read()
 

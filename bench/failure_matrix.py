@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from common import machine
-from vlm_operator import crd
+from vlm_operator.api import crd
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed
 from vlm_testbed.firewall import OPERATOR_GID

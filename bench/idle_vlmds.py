@@ -23,7 +23,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import cpu_seconds, machine
-from vlm_operator import crd
+from vlm_operator.api import crd
 from vlm_testbed.controlplane import (
     ControlPlane,
     api_client_from_kubeconfig,

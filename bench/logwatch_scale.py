@@ -22,7 +22,8 @@ from pathlib import Path
 from kubernetes import client
 
 from common import cpu_seconds, machine, rss_mib
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed.controlplane import (
     ControlPlane,
     api_client_from_kubeconfig,
@@ -74,7 +75,7 @@ def main() -> int:
             start = time.monotonic()
             while time.monotonic() - start < 600:
                 items = core.list_namespaced_pod(
-                    NS, label_selector=builders.get_selector("scale")).items
+                    NS, label_selector=children.get_selector("scale")).items
                 running = [p for p in items if p.status.phase == "Running"]
                 if len(running) >= args.pods:
                     break

@@ -27,7 +27,8 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import ROOT, machine
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed.controlplane import (
     K8S_VERSION,
     ControlPlane,
@@ -109,7 +110,7 @@ def main() -> None:
                 runs[name].append(measure(cp.kubeconfig, trees[name], args.pods, args.settle,
                                           args.window))
                 pending = core.list_namespaced_pod(
-                    NAMESPACE, label_selector=builders.get_selector("pending")).items
+                    NAMESPACE, label_selector=children.get_selector("pending")).items
                 assert len(pending) == args.pods and all(
                     p.status.phase == "Pending" for p in pending), "the pods did not stay Pending"
                 print(name, json.dumps(runs[name][-1]), flush=True)

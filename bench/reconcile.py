@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from common import cpu_seconds, machine, percentile, rss_mib
-from vlm_operator import crd
+from vlm_operator.api import crd
 from vlm_testbed.controlplane import (
     K8S_VERSION,
     ControlPlane,

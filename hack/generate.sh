@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every file derived from the one CRD definition (operator/vlm_operator/crd.py).
+# Regenerates every file derived from the one CRD definition (operator/vlm_operator/api/crd.py).
 # Tests fail when these drift; run this after changing the API.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,5 +16,5 @@ echo "generated charts/vlm-operator/crds/"
 hack/render-install.sh > manifests/install.yaml
 echo "generated manifests/install.yaml"
 
-"$py" -m vlm_operator.reference_docs > docs/reference.md
+"$py" -m vlm_operator.api.reference_docs > docs/reference.md
 echo "generated docs/reference.md"

@@ -2,7 +2,7 @@
 # Prints manifests/install.yaml (`kubectl apply -f manifests/`): the chart rendered with its
 # defaults into namespace vlm-system, CRDs included, plus the namespace. The peering object is
 # left to the operator (a custom resource in the same apply as its CRD would race the CRD).
-# hack/generate.sh writes the file; tests/unit/test_chart.py fails when it drifts.
+# hack/generate.sh writes the file; tests/unit/deploy/test_chart.py fails when it drifts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 helm=$(hack/helm.sh)

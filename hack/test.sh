@@ -60,6 +60,9 @@ phase "setup" hack/setup.sh || { echo "setup failed"; exit 1; }
 say "ruff"
 phase "ruff" .venv/bin/ruff check operator tests bench || rc=1
 
+say "import contracts (pyproject.toml [tool.importlinter]: layers, independent features, pure deciders)"
+phase "import contracts" .venv/bin/lint-imports || rc=1
+
 say "unit tests"
 phase "unit" .venv/bin/pytest tests/unit -p no:cacheprovider \
   --junitxml="$results/unit.xml" || rc=1

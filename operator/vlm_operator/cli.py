@@ -10,8 +10,10 @@ from typing import TextIO
 
 import yaml
 
-from vlm_operator import builders, crd, policy, remediation
-from vlm_operator.spec import SpecError, parse, validate
+from vlm_operator.api import admin_policy, crd, names
+from vlm_operator.api.validation import SpecError, parse, validate
+from vlm_operator.desired import children
+from vlm_operator.remediation import decide as remediation
 
 EXIT_USAGE = 2
 # A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.
@@ -50,7 +52,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not docs:
         print(f"error: {args.filename} holds no VLMDeployment", file=sys.stderr)
         return EXIT_USAGE
-    rules = policy.Policy(prometheus_addresses=tuple(args.keda_prometheus_addresses))
+    rules = admin_policy.Policy(prometheus_addresses=tuple(args.keda_prometheus_addresses))
     rendered, failed = [], False
     for index, doc in enumerate(docs, start=1):
         if isinstance(doc, dict) and args.namespace:
@@ -70,9 +72,9 @@ def cmd_render(args: argparse.Namespace) -> int:
             continue
         for warning in vlmd.warnings:
             print(f"warning: {args.filename}: {label}: {warning}", file=sys.stderr)
-        rendered += builders.get_children(
+        rendered += children.get_children(
             vlmd, pdb_api_version=args.pdb_api_version,
-            prometheus_address=policy.prometheus_address(vlmd.spec, rules))
+            prometheus_address=admin_policy.prometheus_address(vlmd.spec, rules))
     if failed:
         return EXIT_USAGE
     dump_yaml(rendered, sys.stdout)
@@ -83,7 +85,7 @@ def _describe(doc: object, index: int) -> str:
     name = None
     if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
         name = doc["metadata"].get("name")
-    return f"document {index}" + (f" ({crd.KIND} {name})" if name else "")
+    return f"document {index}" + (f" ({names.KIND} {name})" if name else "")
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -92,7 +94,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_scan_logs(args: argparse.Namespace) -> int:
-    from vlm_operator import scan_logs
+    from vlm_operator.logs import scan_logs
 
     return scan_logs.main(args.files, sys.stdout, sys.stderr,
                           logging_prefix=args.logging_prefix)

@@ -10,17 +10,17 @@ import logging
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import crd
-from vlm_operator.logfollow import LOG_MARK
+from vlm_operator.api import names
+from vlm_operator.api.names import LOG_MARK
+from vlm_operator.k8s.pods import owner_name
 from vlm_operator.metrics import RECONCILES
-from vlm_operator.reconciler import owner_name
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
 log = logging.getLogger(__name__)
 
 
 def _mine(memo: kopf.Memo, namespace: str, name: str, **_) -> bool:
-    """A VLMDeployment of this process's shard (sharding.py; every one when unsharded)."""
+    """A VLMDeployment of this process's shard (runtime/sharding.py; every one when unsharded)."""
     return memo.shard.owns(namespace, name)
 
 
@@ -46,18 +46,19 @@ def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> Non
         RECONCILES.labels(result="ok").inc()
 
 
-@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
-@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
-@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
+@kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, when=_mine)
+@kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, when=_mine)
+@kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, when=_mine)
 def vlmd_changed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
     reconcile(memo, namespace, name, retry=True)
     memo.logwatch.spec_changed(namespace, name)
 
 
-@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL, when=_mine)
+@kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, when=_mine)
 async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
-    """Keep periodic.py's view current: it runs autoscaling rounds and the resync in threads of
-    its own, because kopf timers and daemons would put a finalizer on every VLMDeployment."""
+    """Keep runtime/periodic.py's view current: it runs autoscaling rounds and the resync in
+    threads of its own, because kopf timers and daemons would put a finalizer on every
+    VLMDeployment."""
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
     if not meta.get("name"):
@@ -70,7 +71,7 @@ async def vlmd_seen(event: dict, memo: kopf.Memo, **_) -> None:
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED, when=_owner_mine)
 async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
-    """Start/stop following the pod's vLLM log (logwatch.py); never raises. Async and
+    """Start/stop following the pod's vLLM log (logs/watcher.py); never raises. Async and
     registered before child_changed, so log following never waits for executor slots taken
     by reconciles (kopf runs one event's handlers in order)."""
     pod = event.get("object") or {}
@@ -99,7 +100,7 @@ def _news(seen: dict[str, tuple[str, bytes, str | None]], event: dict) -> bool:
     watch (every 5 minutes, and after 70 s without events where the apiserver sends no
     bookmarks) and hands every listed object over again: with 200 VLMDeployments that was
     some 8 reconciles/s of nothing (bench/results/scale.md). A new version that only moved a
-    pod's log resume mark (logfollow.LOG_MARK, written by the operator itself every few
+    pod's log resume mark (names.LOG_MARK, written by the operator itself every few
     minutes) is no news either. `seen`: uid -> (resourceVersion, digest of the rest, mark)."""
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}

@@ -14,22 +14,22 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from vlm_operator import metrics
-from vlm_operator.autoscaler import Autoscaler
-from vlm_operator.cluster_cache import ClusterCache
-from vlm_operator.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
-from vlm_operator.logwatch import LogWatch
-from vlm_operator.peering import Peering, get_identity
-from vlm_operator.periodic import Periodic
-from vlm_operator.podreads import PodReads
-from vlm_operator.policy import Policy
-from vlm_operator.reconciler import Reconciler
-from vlm_operator.rounds import Rounds
-from vlm_operator.scrape import Scraper
-from vlm_operator.sharding import Shard, ordinal
-from vlm_operator.stall_watch import Heartbeats, StallWatch
-from vlm_operator.watchdog import Watchdog
+from vlm_operator.api.admin_policy import Policy
+from vlm_operator.api.names import FINALIZER, STORAGE_PREFIX
+from vlm_operator.autoscaling.autoscaler import Autoscaler
+from vlm_operator.engine.reachability import PodReads
+from vlm_operator.engine.reader import Scraper
+from vlm_operator.k8s.caches import ClusterCache
+from vlm_operator.k8s.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
+from vlm_operator.k8s.peering import Peering, get_identity
+from vlm_operator.logs.watcher import LogWatch
+from vlm_operator.reconcile.reconciler import Reconciler
+from vlm_operator.runtime.periodic import Periodic
+from vlm_operator.runtime.rounds import Rounds
+from vlm_operator.runtime.sharding import Shard, ordinal
+from vlm_operator.runtime.watchdog import Watchdog
+from vlm_operator.stalls.watch import Heartbeats, StallWatch
 
-STORAGE_PREFIX = "serving.vlm-operator.dev"
 CONNECTION_POOL_SIZE = 64
 KOPF_REQUEST_TIMEOUT_S = 30.0  # kopf's own requests (its default is 5 minutes)
 
@@ -119,7 +119,7 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     # Our own Events say what happened; kopf's per-handler ones would only add noise.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "vlm-operator"
-    settings.persistence.finalizer = f"{STORAGE_PREFIX}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=STORAGE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

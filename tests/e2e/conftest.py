@@ -67,7 +67,7 @@ class Cluster:
 def _crds() -> list[dict]:
     crds = [TEST_CRD]
     try:
-        from vlm_operator.crd import get_crd
+        from vlm_operator.api.crd import get_crd
     except ImportError:
         return crds
     return [get_crd(), *crds]
@@ -115,7 +115,7 @@ def api(cluster: Cluster) -> Iterator[Any]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from vlm_operator import crd
+    from vlm_operator.api import crd
 
     with cluster.api_client() as api_client:
         ext = client.ApiextensionsV1Api(api_client)

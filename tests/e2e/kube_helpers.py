@@ -11,7 +11,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed.controlplane import ready_namespace
 
 SESSION_NS_PREFIX = "e2e-op-"
@@ -92,7 +93,7 @@ def container_args(dep):
 
 def managed_pods(api, ns, name):
     return client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=builders.get_selector(name)).items
+        ns, label_selector=children.get_selector(name)).items
 
 
 def is_ready(pod):
@@ -119,7 +120,7 @@ def pod_gone(api, ns, pod):
 
 def sim_post(ip, path, body):
     """POST to the vLLM stand-in's control endpoints (/sim/fault, /sim/log) at the pod IP."""
-    req = urllib.request.Request(f"http://{ip}:{builders.PORT}{path}",
+    req = urllib.request.Request(f"http://{ip}:{children.PORT}{path}",
                                  data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as rsp:

@@ -15,7 +15,8 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import Bed, healthy, instance, is_ready
 
@@ -113,7 +114,7 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     assert (deletions(op, sick), deletions(op, sick2)) == (1, 1), "a pod deleted twice"
     (left,) = bed.pods("scale")
     assert left.metadata.uid == first.metadata.uid  # the newest went, drained, once each
-    assert left.metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+    assert left.metadata.labels[children.IN_SERVICE_LABEL] == "true"
     assert bed.get("scale")["spec"]["replicas"] == 1
 
     # -- it recovered by itself: every loop runs, every condition says so
@@ -127,7 +128,7 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
 
 
 def deletions(op, pod) -> int:
-    """Times the operator logged deleting this pod for a replacement (remediator.py)."""
+    """Times the operator logged deleting this pod for a replacement (remediation/remediator.py)."""
     return op.log().count(f": deleted {pod.metadata.name}: ")
 
 

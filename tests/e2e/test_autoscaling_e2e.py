@@ -28,7 +28,7 @@ from kube_helpers import (
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import builders
+from vlm_operator.desired import children
 from vlm_testbed.nodesim import NodeSimulator
 
 DATA = Path(__file__).parent / "data"
@@ -61,7 +61,7 @@ def test_load_scales_up_then_down_after_the_delay(api, ns, cluster, operator):
                         len(client.CoreV1Api(api).list_namespaced_pod(ns).items) == 1 and r,
                         timeout=90)
         assert [p.metadata.name for p in left] == [first.metadata.name]
-        assert left[0].metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+        assert left[0].metadata.labels[children.IN_SERVICE_LABEL] == "true"
         # status.autoscaling is the last decision: ScaleDown while draining, WithinTarget from
         # the round after the replicas dropped; the operator counted the ScaleDown decisions
         status = get_cr(api, ns, "as-a")["status"]["autoscaling"]
@@ -203,7 +203,7 @@ def chat_with_images(pod_ip: str, images: int) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, *[image] * images]}]}
-    req = urllib.request.Request(f"http://{pod_ip}:{builders.PORT}/v1/chat/completions",
+    req = urllib.request.Request(f"http://{pod_ip}:{children.PORT}/v1/chat/completions",
                                  data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as rsp:

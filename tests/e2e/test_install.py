@@ -20,8 +20,8 @@ from kube_helpers import condition, cr, create, events, get_cr, make_namespace, 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import crd
-from vlm_operator.kube import Kube
+from vlm_operator.api import crd
+from vlm_operator.k8s.kube import Kube
 from vlm_testbed.operator_process import OperatorProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from kube_helpers import (
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import builders
+from vlm_operator.desired import children
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -74,7 +74,7 @@ def test_a_refused_previous_log_is_reported_and_the_new_container_followed(api, 
     create(api, ns, cr("lost", replicas=1, health=health(), vllm={"env": [KEEP_ALIVE]}))
     (pod,) = wait_ready_pods(api, ns, "lost", 1)
     name = pod.metadata.name
-    sim.lose_container(ns, name, builders.CONTAINER)
+    sim.lose_container(ns, name, children.CONTAINER)
     core = client.CoreV1Api(api)
 
     def restarted():
@@ -88,7 +88,7 @@ def test_a_refused_previous_log_is_reported_and_the_new_container_followed(api, 
     assert (lost.reason, lost.exit_code, lost.container_id) == ("ContainerStatusUnknown", 137,
                                                                None)
     with pytest.raises(ApiException) as refused:  # what the follower gets, through the apiserver
-        core.read_namespaced_pod_log(name, ns, container=builders.CONTAINER, previous=True)
+        core.read_namespaced_pod_log(name, ns, container=children.CONTAINER, previous=True)
     assert refused.value.status == 400
     event = wait_for("the Event", lambda: events(api, ns, name, "PreviousLogUnavailable"),
                      timeout=30)[0]
@@ -152,7 +152,7 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
     """A fresh operator re-read every followed pod's whole log (a pod that floods its log
     made each restart replay all of it). With the resume mark it reads what follows the mark
     and the last log window (5 s here), and still acts on what comes next."""
-    from vlm_operator.logfollow import parse_mark
+    from vlm_operator.logs.stream import parse_mark
 
     ns = make_namespace(api, "e2e-mark-")
     args = ("--standalone", "-n", ns, "--log-mark-seconds", "1")

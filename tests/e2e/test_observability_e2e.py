@@ -37,8 +37,8 @@ from kube_helpers import (
 )
 from kubernetes import client
 
-from vlm_operator import autoscaling_builders
-from vlm_operator.spec import parse
+from vlm_operator.api.validation import parse
+from vlm_operator.desired import autoscaler_objects
 from vlm_testbed.controlplane import apply_manifests
 from vlm_testbed.nodesim import NodeSimulator, default_command
 from vlm_testbed.prometheus import adapter_pods_query
@@ -296,7 +296,7 @@ def vlmd_in_mode(api, ns: str, **autoscaling):
 
 def test_the_keda_query_sums_the_load_of_the_vlmdeployment(api, monitoring, scenario):
     vlmd = vlmd_in_mode(api, scenario.ns, mode="KEDA")
-    so = autoscaling_builders.get_scaled_object(vlmd, {"name": NAME}, monitoring.prometheus.url)
+    so = autoscaler_objects.get_scaled_object(vlmd, {"name": NAME}, monitoring.prometheus.url)
     load, kv = so["spec"]["triggers"]
     assert {t["metadata"]["serverAddress"] for t in (load, kv)} == {monitoring.prometheus.url}
     result = eventually(monitoring.prometheus, "the KEDA query", load["metadata"]["query"],
@@ -312,10 +312,10 @@ def test_the_hpa_metric_through_prometheus_adapter_gives_each_pod_its_load(
         api, monitoring, scenario):
     prom = monitoring.prometheus
     vlmd = vlmd_in_mode(api, scenario.ns, mode="HPA")
-    hpa = autoscaling_builders.get_hpa(vlmd, {"name": NAME})
+    hpa = autoscaler_objects.get_hpa(vlmd, {"name": NAME})
     metric, kv_metric = (m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"])
     assert kv_metric == "vllm_kv_cache_usage_perc"
-    rule = autoscaling_builders.PROMETHEUS_ADAPTER_RULE
+    rule = autoscaler_objects.PROMETHEUS_ADAPTER_RULE
     names = [s["__name__"] for s in prom.series(rule["seriesQuery"])]
     pods = [p.metadata.name for p in ready_pods(api, scenario.ns, NAME)]
     query = adapter_pods_query(rule, metric, names, scenario.ns, pods)

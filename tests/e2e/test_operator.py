@@ -23,8 +23,8 @@ from kube_helpers import (
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import crd
-from vlm_operator.kube import Kube
+from vlm_operator.api import crd
+from vlm_operator.k8s.kube import Kube
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 

@@ -43,8 +43,9 @@ from real_vllm import (
     real_vllm_command,
 )
 
-from vlm_operator import autoscaling_builders, crd
-from vlm_operator.spec import parse
+from vlm_operator.api import crd
+from vlm_operator.api.validation import parse
+from vlm_operator.desired import autoscaler_objects
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.prometheus import adapter_pods_query
 
@@ -135,13 +136,13 @@ def assert_prometheus_reads_the_real_vllm(api, ns, name, pod, monitoring):
                 if any(k.startswith("exported_") for k in s["metric"])]
     body = copy.deepcopy(get_cr(api, ns, name))
     body["spec"]["autoscaling"] = {"enabled": True, "mode": "KEDA"}
-    so = autoscaling_builders.get_scaled_object(parse(body), {"name": name}, prom.url)
+    so = autoscaler_objects.get_scaled_object(parse(body), {"name": name}, prom.url)
     for trigger in so["spec"]["triggers"]:  # the load, weighed by images; the KV-cache usage
         (keda,) = prom.query(trigger["metadata"]["query"])
         assert keda["metric"] == {}
     body["spec"]["autoscaling"]["mode"] = "HPA"
-    hpa = autoscaling_builders.get_hpa(parse(body), {"name": name})
-    rule = autoscaling_builders.PROMETHEUS_ADAPTER_RULE
+    hpa = autoscaler_objects.get_hpa(parse(body), {"name": name})
+    rule = autoscaler_objects.PROMETHEUS_ADAPTER_RULE
     query = adapter_pods_query(rule, hpa["spec"]["metrics"][0]["pods"]["metric"]["name"],
                                [s["__name__"] for s in prom.series(rule["seriesQuery"])],
                                ns, [pod])

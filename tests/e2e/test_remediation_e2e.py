@@ -28,7 +28,7 @@ from kube_helpers import (
 )
 from kubernetes import client, watch
 
-from vlm_operator import builders
+from vlm_operator.desired import children
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
@@ -106,7 +106,7 @@ def test_scale_down_drains_then_lowers_replicas(api, ns, sim, cluster):
     sim_post(ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20, "count": 2})
     core = client.CoreV1Api(api)
     wait_for("out of service", lambda: core.read_namespaced_pod(a.metadata.name, ns).metadata
-             .labels.get(builders.IN_SERVICE_LABEL) == "false", timeout=30)
+             .labels.get(children.IN_SERVICE_LABEL) == "false", timeout=30)
     wait_for("left the endpoints", lambda: ip not in endpoint_ips(cluster, ns), timeout=30)
     assert not pod_gone(api, ns, a)  # still draining its request
     sim_post(ip, "/sim/fault", {"fault": "clear"})
@@ -216,7 +216,7 @@ def test_a_look_alike_pod_of_another_app_is_never_touched(api, ns, sim, operator
     pod with the same fault is restarted."""
     create(api, ns, cr("real", health=health()))
     (ours,) = wait_ready_pods(api, ns, "real", 1)
-    labels = {**builders.get_labels("real"), builders.IN_SERVICE_LABEL: "true"}
+    labels = {**children.get_labels("real"), children.IN_SERVICE_LABEL: "true"}
     template = deployment(api, ns, "real").spec.template.spec
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(ns, client.V1Pod(
@@ -230,7 +230,7 @@ def test_a_look_alike_pod_of_another_app_is_never_touched(api, ns, sim, operator
     alike_now = core.read_namespaced_pod("look-alike", ns)
     assert alike_now.metadata.deletion_timestamp is None
     assert alike_now.metadata.uid == alike.metadata.uid
-    assert alike_now.metadata.labels[builders.IN_SERVICE_LABEL] == "true"
+    assert alike_now.metadata.labels[children.IN_SERVICE_LABEL] == "true"
     assert [e.reason for e in events(api, ns, "look-alike")
             if e.source.component == "vlm-operator"] == []
     assert "look-alike" not in operator.log()

@@ -16,14 +16,16 @@ import pytest
 from kube_helpers import events, wait_for
 from kubernetes import client
 
-from vlm_operator import builders, crd, incidents
-from vlm_operator.autoscaler import put_out_of_service
-from vlm_operator.autoscaling import DRAIN_SINCE
-from vlm_operator.incidents import IN_FLIGHT, REPLACE, SCALE_DOWN, Incident, InFlight
-from vlm_operator.kube import Kube
-from vlm_operator.logwatch import LogWatch
-from vlm_operator.reconciler import Reconciler
-from vlm_operator.remediator import Remediator
+from vlm_operator.api import crd
+from vlm_operator.api.names import DRAIN_SINCE, IN_FLIGHT
+from vlm_operator.autoscaling.autoscaler import put_out_of_service
+from vlm_operator.desired import children
+from vlm_operator.k8s.kube import Kube
+from vlm_operator.logs.watcher import LogWatch
+from vlm_operator.reconcile.reconciler import Reconciler
+from vlm_operator.remediation import incidents
+from vlm_operator.remediation.incidents import REPLACE, SCALE_DOWN, Incident, InFlight
+from vlm_operator.remediation.remediator import Remediator
 
 SLOW = {"health": {"tokenizerRetry": {"threshold": 1, "windowSeconds": 60,
                                       "action": "ScaleDown"}}}
@@ -31,7 +33,7 @@ SLOW = {"health": {"tokenizerRetry": {"threshold": 1, "windowSeconds": 60,
 
 class BareKube(Kube):
     """The pods here are bare (no ReplicaSet or Deployment owns them): the owner-chain check
-    (Kube.owned_pods, tests/unit/test_kube.py) is left out, every labelled pod is taken."""
+    (Kube.owned_pods, tests/unit/k8s/test_kube.py) is left out, every labelled pod is taken."""
 
     def owned_pods(self, pods):
         return pods
@@ -68,12 +70,12 @@ def pod(api, ns, name, owner="glue", ready=True, ip=None):
     """A bare managed pod no scheduler takes (schedulerName none), made Ready by hand."""
     core = client.CoreV1Api(api)
     created = core.create_namespaced_pod(ns, {"metadata": {
-        "name": name, "labels": builders.get_labels(owner)}, "spec": {
-        "schedulerName": "none", "containers": [{"name": builders.CONTAINER, "image": "x"}]}})
+        "name": name, "labels": children.get_labels(owner)}, "spec": {
+        "schedulerName": "none", "containers": [{"name": children.CONTAINER, "image": "x"}]}})
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     status = {"phase": "Running", "podIP": ip or "127.0.0.1", "conditions": [
         {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now}],
-        "containerStatuses": [{"name": builders.CONTAINER, "ready": ready, "restartCount": 0,
+        "containerStatuses": [{"name": children.CONTAINER, "ready": ready, "restartCount": 0,
                                "image": "x", "imageID": "", "state": {"running": {}}}]}
     core.patch_namespaced_pod_status(name, ns, {"status": status})
     return created.metadata.uid
@@ -90,7 +92,7 @@ def set_unschedulable(api, ns, name, seconds_ago):
 
 def in_service(api, ns, name):
     return client.CoreV1Api(api).read_namespaced_pod(name, ns).metadata.labels.get(
-        builders.IN_SERVICE_LABEL)
+        children.IN_SERVICE_LABEL)
 
 
 def set_ready(api, ns, name, ready):
@@ -131,7 +133,7 @@ class MetricsServer:
                     self.end_headers()
                     self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer((self.ip, builders.PORT), Handler)
+        self.httpd = http.server.ThreadingHTTPServer((self.ip, children.PORT), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
@@ -190,7 +192,7 @@ def test_a_drain_waits_out_unreadable_metrics(api, kube, namespace, made, metric
     assert record.action == SCALE_DOWN and record.replicas == 2
     core = client.CoreV1Api(api)
     assert core.read_namespaced_pod("sick", namespace).metadata.labels[
-        builders.IN_SERVICE_LABEL] == "false"
+        children.IN_SERVICE_LABEL] == "false"
     time.sleep(4)  # past DRAIN_MIN_S, several steps with the scrape timing out
     assert "sick" in pod_names(api, namespace), "deleted while its load was unknown"
     wait_for("deleted at the drain limit", lambda: "sick" not in pod_names(api, namespace),
@@ -368,14 +370,14 @@ def test_stale_autoscaler_drains_are_put_back(api, kube, namespace):
     pod(api, namespace, "drained")
     pod(api, namespace, "removed")
     put_out_of_service(kube, namespace, "drained", time.time())
-    kube.patch_pod(namespace, "removed", labels={builders.IN_SERVICE_LABEL: "false"})
+    kube.patch_pod(namespace, "removed", labels={children.IN_SERVICE_LABEL: "false"})
     Reconciler(kube).reconcile(namespace, "glue")
     core = client.CoreV1Api(api)
     back = core.read_namespaced_pod("drained", namespace).metadata
-    assert back.labels[builders.IN_SERVICE_LABEL] == "true"
+    assert back.labels[children.IN_SERVICE_LABEL] == "true"
     assert DRAIN_SINCE not in (back.annotations or {})
     assert core.read_namespaced_pod("removed", namespace).metadata.labels[
-        builders.IN_SERVICE_LABEL] == "false"
+        children.IN_SERVICE_LABEL] == "false"
     assert events(api, namespace, "glue", "DrainCancelled")
 
 

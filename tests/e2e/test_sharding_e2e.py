@@ -9,7 +9,7 @@ import uuid
 from kube_helpers import cr, create, get_cr, wait_for
 from kubernetes import client
 
-from vlm_operator.sharding import shard_of
+from vlm_operator.runtime.sharding import shard_of
 from vlm_testbed.chart import template
 from vlm_testbed.controlplane import ready_namespace
 from vlm_testbed.operator_process import OperatorProcess

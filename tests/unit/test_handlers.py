@@ -22,7 +22,7 @@ def test_a_relisted_object_at_the_same_version_is_no_news():
 def test_a_new_version_that_only_moved_the_log_mark_is_no_news():
     """The operator writes a resume mark on each followed pod every few minutes: that pod
     event must not cost a reconcile of the VLMDeployment (about 10 requests)."""
-    from vlm_operator.logfollow import LOG_MARK
+    from vlm_operator.api.names import LOG_MARK
 
     def pod(rv, mark, ready="True"):
         return {"type": "MODIFIED", "object": {

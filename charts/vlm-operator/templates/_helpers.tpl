@@ -38,19 +38,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 What the operator does inside a watched namespace, read off the code:
 - vlmdeployments: kopf lists/watches them and patches finalizers and its progress annotations
-  (log watching keeps its restart budget in an annotation too); kube.py reads them, patches
+  (log watching keeps its restart budget in an annotation too); k8s/kube.py reads them, patches
   /status, and the Builtin autoscaler writes replicas through /scale (patch).
 - vlmdeployments/finalizers (update): children carry an ownerReference with
   blockOwnerDeletion: true, which the OwnerReferencesPermissionEnforcement admission plugin
   (OpenShift's default) only lets a client set that may update the owner's finalizers.
 - deployments, services, poddisruptionbudgets, persistentvolumeclaims: kopf watches the managed
-  ones; kube.py reads them and server-side applies them (patch; create when missing). Deletion
+  ones; k8s/kube.py reads them and server-side applies them (patch; create when missing). Deletion
   is left to the garbage collector through ownerReferences.
-- pods: kopf watches; kube.py lists; log watching streams pods/log, writes each pod's resume
+- pods: kopf watches; k8s/kube.py lists; log watching streams pods/log, writes each pod's resume
   mark annotation (patch) and reads a pod that does not run after 10 minutes without an event
   (get); a remediation or a scale-down deletes a pod, or relabels it out of the Service first
   (patch).
-- events: kube.py and kopf post Events (create).
+- events: k8s/kube.py and kopf post Events (create).
 - horizontalpodautoscalers, scaledobjects: every reconcile deletes the one a VLMDeployment does
   not want (a 404 when there is none), so delete is always granted; the rest only with
   rbac.hpa / rbac.keda.

@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vlm_operator import crd
+from vlm_operator.api import crd
 from vlm_testbed.controlplane import ControlPlane, build
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess

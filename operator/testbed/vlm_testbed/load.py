@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from vlm_operator.cluster_cache import Informer, Stale
-from vlm_operator.kube import Kube
+from vlm_operator.k8s.caches import Informer, Stale
+from vlm_operator.k8s.kube import Kube
 
 SYNC_S = 1.0
 SLICE_GROUP = "discovery.k8s.io"

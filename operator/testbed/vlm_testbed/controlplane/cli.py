@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--manifest", action="append", default=[],
                     help="YAML file applied before the controllers start (repeatable)")
     up.add_argument("--with-project-crd", action="store_true",
-                    help="apply vlm_operator.crd.get_crd() before the controllers start")
+                    help="apply vlm_operator.api.crd.get_crd() before the controllers start")
     up.add_argument("--timeout", type=float, default=180.0)
     sub.add_parser("down", help="stop the control plane started by `up`")
     sub.add_parser("env", help="print shell exports for the running control plane")

@@ -58,7 +58,7 @@ def _up_foreground(manifests: list[str], with_project_crd: bool) -> int:
     shutil.rmtree(run, ignore_errors=True)
     items: list[Any] = list(manifests)
     if with_project_crd:
-        from vlm_operator.crd import get_crd
+        from vlm_operator.api.crd import get_crd
 
         items.insert(0, get_crd())
     stopping = False

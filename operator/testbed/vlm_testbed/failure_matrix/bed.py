@@ -18,7 +18,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator import builders, crd, incidents
+from vlm_operator.api import crd
+from vlm_operator.desired import children
+from vlm_operator.remediation import incidents
 from vlm_testbed.controlplane import kubectl_path, ready_namespace
 from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.load import LoadClient
@@ -77,7 +79,7 @@ def merged(*parts: dict | None) -> dict:
 
 
 def post(ip: str, path: str, body: Any) -> Any:
-    req = urllib.request.Request(f"http://{ip}:{builders.PORT}{path}",
+    req = urllib.request.Request(f"http://{ip}:{children.PORT}{path}",
                                  data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as rsp:
@@ -88,7 +90,7 @@ def healthy(ip: str | None) -> bool:
     if not ip:
         return False
     try:
-        with urllib.request.urlopen(f"http://{ip}:{builders.PORT}/health", timeout=1) as rsp:
+        with urllib.request.urlopen(f"http://{ip}:{children.PORT}/health", timeout=1) as rsp:
             return rsp.status == 200
     except (OSError, urllib.error.HTTPError):
         return False
@@ -189,7 +191,7 @@ class Bed:
 
     def pods(self, name: str) -> list[Any]:
         return self.core.list_namespaced_pod(
-            self.ns, label_selector=builders.get_selector(name)).items
+            self.ns, label_selector=children.get_selector(name)).items
 
     def ready(self, name: str) -> list[Any]:
         return [p for p in self.pods(name) if is_ready(p)]

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from kubernetes import client
 
-from vlm_operator import builders, crd
+from vlm_operator.api import crd
+from vlm_operator.desired import children
 from vlm_testbed import vllmsim
 from vlm_testbed.firewall import Firewall
 from vlm_testbed.operator_process import OperatorProcess
@@ -168,7 +169,7 @@ def previous_log_refused(bed: Bed, health: dict | None) -> Observed:
     sim = bed.nodes(gpus_per_node=2)
     bed.create("row", replicas=1, health=health, env=KEEP_ALIVE)
     (pod,) = bed.wait_ready("row", 1)
-    sim.lose_container(bed.ns, pod.metadata.name, builders.CONTAINER)
+    sim.lose_container(bed.ns, pod.metadata.name, children.CONTAINER)
     (pod,) = bed.wait("the container started again", lambda: [
         p for p in bed.ready("row") if instance(p)[1] == 1 and healthy(p.status.pod_ip)])
     bed.wait("the unreadable log reported", lambda: bed.events("row")["PreviousLogUnavailable"],
@@ -187,7 +188,7 @@ def existing_service(bed: Bed, health: dict | None) -> Observed:
     theirs = bed.core.create_namespaced_service(bed.ns, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "row"},
         "spec": {"selector": {"app": "their-app"},
-                 "ports": [{"name": "http", "port": builders.PORT, "targetPort": builders.PORT}]}})
+                 "ports": [{"name": "http", "port": children.PORT, "targetPort": children.PORT}]}})
     start = time.time()
     bed.create("row", replicas=1, health=health)
     seen = bed.follow("row", 1, set(), start)

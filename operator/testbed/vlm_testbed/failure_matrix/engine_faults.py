@@ -9,7 +9,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from vlm_operator import builders, incidents
+from vlm_operator.desired import children
+from vlm_operator.remediation import incidents
 
 from .bed import KEEP_ALIVE, instance, merged, post
 
@@ -103,7 +104,7 @@ def saturation(bed: Bed, health: dict | None) -> Observed:
     body = bed.get("row")
     seen.notes.update(
         out_of_service=[p.metadata.name for p in bed.pods("row") if (
-            p.metadata.labels or {}).get(builders.IN_SERVICE_LABEL) == "false"],
+            p.metadata.labels or {}).get(children.IN_SERVICE_LABEL) == "false"],
         replicas=body["spec"]["replicas"],
         autoscaling=(body.get("status") or {}).get("autoscaling"))
     return seen

@@ -7,7 +7,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from vlm_operator import builders
+from vlm_operator.desired import children
 
 from .bed import DRAIN_WAIT_S, KEEP_ALIVE, instance, merged
 from .engine_faults import storm_on_a_full_node
@@ -76,7 +76,7 @@ def operator_killed_mid_drain(bed: Bed, health: dict | None) -> Observed:
                                              for p in bed.pods("row")), timeout=60)
     seen.notes["replicas"] = bed.get("row")["spec"]["replicas"]
     seen.notes["out_of_service"] = [p.metadata.name for p in bed.pods("row") if (
-        p.metadata.labels or {}).get(builders.IN_SERVICE_LABEL) == "false"]
+        p.metadata.labels or {}).get(children.IN_SERVICE_LABEL) == "false"]
     return seen
 
 

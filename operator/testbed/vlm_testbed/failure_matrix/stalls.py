@@ -23,10 +23,10 @@ API_KEY_ENV = [{"name": "VLLM_API_KEY",
 
 def prompt_tokens(ip: str) -> float | None:
     """The pod's vllm:prompt_tokens_total; None when it cannot be read (the pod is gone)."""
-    from vlm_operator import scrape
+    from vlm_operator.engine import reader
 
     try:
-        return scrape.get_metrics(ip, ["vllm:prompt_tokens_total"], 2.0).get(
+        return reader.get_metrics(ip, ["vllm:prompt_tokens_total"], 2.0).get(
             "vllm:prompt_tokens_total", 0.0)
     except (OSError, ValueError):
         return None

@@ -1,0 +1,358 @@
+"""The Builtin autoscaler's acting side: scrape pods, ask autoscaling/decide.py, write the results.
+
+One `tick` per Builtin VLMDeployment every second (runtime/rounds.py, with the round's pods and
+their /metrics readings). Replicas are
+written through the VLMDeployment's scale subresource, the last decision into
+status.autoscaling (only that key), inputs and outputs into the operator's metrics.
+
+Scale-down is graceful: the chosen pod leaves the Service first (label IN_SERVICE_LABEL=false
+and the annotation DRAIN_SINCE, in one patch), is deleted when drained (no running or waiting
+request) or after DRAIN_TIMEOUT_S, and only then is spec.replicas lowered. Which pods are
+draining is read back from those annotations every round, so a restarted or standby operator
+finishes the drains another began (the reconciler puts them back if Builtin autoscaling is
+turned off). Pods that log watching is removing (out of the Service without DRAIN_SINCE) are
+left alone. Kubernetes 1.20 has no pod-deletion-cost, so the order matters: the ReplicaSet
+answers the deletion with a replacement, which is Pending and unready and so the first pod it
+removes when the replica count drops a moment later.
+
+Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
+pod names to remove first (empty by default; the log watcher sets it).
+
+Scale-ups are granted from the GPU budget (autoscaling.share_gpus: replicas that fit on one
+node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
+(k8s/caches.py), never from a LIST per round. A budget the caches cannot vouch for holds
+scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator import metrics
+from vlm_operator.api import crd
+from vlm_operator.api.reports import Event, Report
+from vlm_operator.api.validation import SpecError, VLMDeployment, parse
+from vlm_operator.autoscaling import decide as a
+from vlm_operator.desired import children
+from vlm_operator.engine import reader
+from vlm_operator.k8s.caches import ClusterCache, Stale
+from vlm_operator.k8s.kube import Kube, now_iso
+from vlm_operator.k8s.nodes import Claim, Node, largest_free, share_gpus
+from vlm_operator.k8s.pods import is_ready, parse_time
+from vlm_operator.remediation import incidents
+
+log = logging.getLogger(__name__)
+CLAIM_FRESH_S = 15.0  # other VLMDeployments' claims older than this are ignored
+Key = tuple[str, str]
+
+
+@dataclass
+class _State:
+    history: tuple[a.Point, ...] = ()
+    counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
+    last: tuple[int, str] | None = None
+    limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
+    wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
+
+
+def metric_names(spec: dict) -> set[str]:
+    """The /metrics samples `_sample` reads, for the round's scrape (reader.parse_metrics)."""
+    return {"vllm:request_success_total", "vllm:mm_cache_queries_total",
+            "vllm:kv_cache_usage_perc", *reader.IN_FLIGHT_METRICS, spec["autoscaling"]["metric"]}
+
+
+
+def _pod_state(pod: dict) -> str:
+    """READY: its /metrics say its load (an unreadable one is UNKNOWN). That includes a pod
+    whose container started and runs but is not Ready (a failing readiness probe, the node
+    controller marking an unreachable node's pods): requests may be in flight there, so it is
+    never "loading", which a drain would count as drained at once."""
+    st = pod.get("status") or {}
+    ready = is_ready(pod)
+    started = any(c.get("started") and "running" in (c.get("state") or {})
+                  for c in st.get("containerStatuses") or [])
+    if st.get("podIP") and (ready or started):
+        return a.READY
+    return a.LOADING if (pod.get("spec") or {}).get("nodeName") else a.PENDING
+
+
+class Autoscaler:
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None] = lambda ns, name: None,
+                 clock: Callable[[], float] = time.time, cluster: ClusterCache | None = None):
+        self.kube = kube
+        self.cluster = cluster or ClusterCache(kube)
+        self.reconcile = reconcile  # publishes status when a condition this reports changes
+        # (Reconciler.refresh: logs its own errors)
+        self.clock = clock
+        self.failing_pods: Callable[[str, str], set[str]] = lambda namespace, name: set()
+        self._states: dict[Key, _State] = {}
+        self._claims: dict[Key, tuple[Claim, float]] = {}
+        self._lock = threading.Lock()  # claims and priorities
+        self._priorities: tuple[float, dict[str, int]] | None = None
+
+    # -- inputs
+    def _sample(self, vlmd: VLMDeployment, pod: dict, reading: reader.Scrape | None,
+                state: _State, failing: set[str]) -> a.PodSample:
+        name = pod["metadata"]["name"]
+        created = parse_time(pod["metadata"].get("creationTimestamp")) or 0.0
+        base = dict(name=name, created=created, failing=name in failing)
+        pod_state = _pod_state(pod)
+        if pod_state != a.READY:
+            return a.PodSample(state=pod_state, **base)
+        if reading is None or reading.values is None:
+            metrics.AUTOSCALER_SCRAPE_ERRORS.labels(vlmd.namespace, vlmd.name).inc()
+            return a.PodSample(state=a.UNKNOWN, **base)  # capacity, load unknown (not zero)
+        values = reading.values
+        counters = (values.get("vllm:request_success_total", 0.0),
+                    values.get("vllm:mm_cache_queries_total", 0.0))
+        prev, last = state.counters.get(name, (None, 0.0))
+        ipr = a.images_per_request(prev, counters, last)
+        state.counters[name] = (counters, ipr)
+        busy = sum(values.get(metric, 0.0) for metric in reader.IN_FLIGHT_METRICS)
+        return a.PodSample(state=a.READY, metric=values.get(vlmd.spec["autoscaling"]["metric"],
+                                                             0.0),
+                           kv_cache=values.get("vllm:kv_cache_usage_perc", 0.0),
+                           images_per_request=ipr, busy=busy, **base)
+
+    def _failing(self, vlmd: VLMDeployment) -> set[str]:
+        try:
+            return set(self.failing_pods(vlmd.namespace, vlmd.name))
+        except Exception:  # another part's hook must never stop scaling
+            log.exception("failing_pods hook failed")
+            return set()
+
+    def _budget(self) -> tuple[list[Node], dict[str, dict[str, int]]]:
+        """Schedulable nodes and what is free on each (raises Stale)."""
+        nodes, free = self.cluster.budget()
+        metrics.AUTOSCALER_FREE_GPUS.set(sum(f.get(children.GPU_RESOURCE, 0)
+                                             for f in free.values()))
+        return nodes, free
+
+    def replica_fits(self, vlmd: VLMDeployment, pending: int = 0) -> bool:
+        """For surge replacements (remediation/remediator.py): whether one more replica fits on
+        one node its pods may use, in its GPU resource, once `pending` replicas of it that no node
+        holds yet took theirs (placed as share_gpus places a scale-up); raises Stale when the budget
+        is unknown."""
+        nodes, free = self._budget()
+        key = (vlmd.namespace, vlmd.name)
+        want = max(0, pending) + 1
+        claim = Claim(key, 0, vlmd.spec["gpusPerReplica"], 0, 0, want,
+                        vlmd.spec["gpuResourceName"], _placement(vlmd))
+        return share_gpus(nodes, free, [claim])[key] >= want
+
+    def _priority(self, vlmd: VLMDeployment) -> int:
+        explicit = vlmd.spec["autoscaling"].get("priority")
+        if explicit is not None:
+            return int(explicit)
+        class_name = (vlmd.spec.get("scheduling") or {}).get("priorityClassName")
+        if not class_name:
+            return 0
+        with self._lock:
+            now = time.monotonic()
+            if self._priorities is None or now - self._priorities[0] > 60:
+                items = self.kube.list_cluster("/apis/scheduling.k8s.io/v1/priorityclasses")
+                self._priorities = (now, {p["metadata"]["name"]: int(p.get("value", 0))
+                                          for p in items})
+            return self._priorities[1].get(class_name, 0)
+
+    def _grant(self, vlmd: VLMDeployment, current: int, bound: int,
+               desired: int) -> tuple[int, tuple[str, str] | None]:
+        """Replicas granted, and (reason, text) when the budget held some back."""
+        key = (vlmd.namespace, vlmd.name)
+        claim = Claim(key, self._priority(vlmd), vlmd.spec["gpusPerReplica"], current, bound,
+                        desired, vlmd.spec["gpuResourceName"], _placement(vlmd))
+        with self._lock:
+            now = time.monotonic()
+            self._claims[key] = (claim, now)
+            fresh = [c for c, t in self._claims.values() if now - t <= CLAIM_FRESH_S]
+        if desired <= current:  # scale-downs and holds need no budget
+            return desired, None
+        try:
+            nodes, free = self._budget()
+        except Stale as exc:
+            return current, ("GPUBudgetUnknown", f"the free GPUs are unknown ({exc}); holding "
+                                                 f"{current} replicas until they are known")
+        granted = share_gpus(nodes, free, fresh)[key]
+        if granted >= desired:
+            return granted, None
+        most = largest_free(nodes, free, claim.resource, claim.pod_spec)
+        return granted, ("InsufficientGPUs", (
+            f"only {granted} of {desired} replicas fit the free GPUs ("
+            f"{claim.gpus_per_replica} {claim.resource} per replica on one node its pods may "
+            f"use; the most free on one such node: {most})"))
+
+    # -- one round
+    def tick(self, body: dict, pods: list[dict],
+             scrapes: dict[str, reader.Scrape]) -> a.Decision | None:
+        """One round for one VLMDeployment (body: the plain-dict snapshot runtime/periodic.py keeps;
+        pods and their readings: this round's, runtime/rounds.py)."""
+        started = time.monotonic()
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        state = self._states.setdefault(key, _State())
+        if state.wrote_over is not None and meta.get("resourceVersion") == state.wrote_over:
+            # this view predates our own last write (kopf's watch lags, or is down): deciding
+            # on it again would repeat that write's drains and deletions; read it afresh
+            body = self.kube.get_vlmd(*key)
+            if body is None:
+                return None
+            meta = body["metadata"]
+        try:
+            vlmd = parse(body)
+        except SpecError:
+            return None
+        self.cluster.start_budget()  # current by the time a scale-up needs it
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                and not _removed_elsewhere(p)]
+        failing = self._failing(vlmd)  # once a round, not once a pod
+        samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state, failing)
+                   for p in pods]
+        current = int(body["spec"].get("replicas", vlmd.spec["replicas"]))
+        now = self.clock()
+        decision = a.decide(samples, current, state.history, now,
+                            a.policy_from_spec(vlmd.spec["autoscaling"]))
+        state.history = decision.history
+        desired, reason, message = decision.desired, decision.reason, decision.message
+        # a surge replacement's GPU stands in for its sick pod's: not one of the replicas
+        surging = set(incidents.replacements(incidents.parse_in_flight(meta.get("annotations")),
+                                             pods).values())
+        bound = sum(1 for s, p in zip(samples, pods, strict=True)
+                    if s.state != a.PENDING and p["metadata"]["uid"] not in surging)
+        granted, limited = self._grant(vlmd, current, bound, desired)
+        if limited is not None:
+            message = f"{message}; {limited[1]}"
+            reason = "ScalingLimited" if limited[0] == "InsufficientGPUs" else limited[0]
+            desired = granted
+            limited = (limited[0], message)
+        self._set_limited(body, state, limited)
+        self._act(vlmd, samples, current, desired, pods, now, state,
+                  meta.get("resourceVersion"))
+        self._record(vlmd, decision, samples, current, desired, reason, message, state)
+        metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
+        return a.Decision(desired, reason, message, decision.need, decision.history)
+
+    def _act(self, vlmd: VLMDeployment, samples: list[a.PodSample], current: int, desired: int,
+             pods: list[dict], now: float, state: _State, seen: str | None) -> None:
+        """Drain, delete and write replicas, decided on the view of resourceVersion `seen`
+        (recorded before the first write: later rounds on that view read afresh)."""
+        ns, name = vlmd.namespace, vlmd.name
+        draining = {p["metadata"]["name"]: since for p in pods
+                    if (since := a.draining_since(p)) is not None}
+        if desired > current:
+            for pod in draining:
+                self._mark(ns, pod, None)
+            state.wrote_over = seen
+            self.kube.scale_vlmd(ns, name, desired)
+            metrics.AUTOSCALER_SCALES.labels(ns, name, "up").inc()
+            log.info("%s/%s: scaled up %d -> %d", ns, name, current, desired)
+            return
+        plan = a.plan_scale_down(samples, desired, current, draining, now)
+        for pod in plan.put_back:
+            self._mark(ns, pod, None)
+        for pod in plan.take_out:
+            self._mark(ns, pod, now)
+        if not plan.delete:
+            return
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        state.wrote_over = seen
+        for pod in plan.delete:  # drained (or the drain limit passed): nothing to wait for
+            self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod),
+                             grace_s=children.QUICK_GRACE_S)
+        target = current - len(plan.delete)
+        self.kube.scale_vlmd(ns, name, target)
+        metrics.AUTOSCALER_SCALES.labels(ns, name, "down").inc()
+        log.info("%s/%s: scaled down %d -> %d, removed drained %s", ns, name, current, target,
+                 ", ".join(plan.delete))
+
+    def _mark(self, namespace: str, pod: str, since: float | None) -> None:
+        """Take a pod out of the Service (draining since `since`) or put it back (None)."""
+        try:
+            put_out_of_service(self.kube, namespace, pod, since)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _set_limited(self, body: dict, state: _State, limited: tuple[str, str] | None) -> None:
+        if limited and (state.limited is None or state.limited[0] != limited[0]):
+            self.kube.post_event(body, Event("Warning", "ScalingLimited", limited[1]))
+        changed = (limited and limited[0]) != (state.limited and state.limited[0])
+        state.limited = limited
+        if changed:
+            self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    def _record(self, vlmd: VLMDeployment, decision: a.Decision, samples: list[a.PodSample],
+                current: int, desired: int, reason: str, message: str, state: _State) -> None:
+        ns, name = vlmd.namespace, vlmd.name
+        if decision.need is not None:
+            metrics.AUTOSCALER_NEED.labels(ns, name).set(decision.need)
+        weight = vlmd.spec["autoscaling"]["multimodalWeight"]
+        metrics.AUTOSCALER_LOAD.labels(ns, name).set(sum(
+            s.metric * (1 + weight * s.images_per_request) for s in samples
+            if s.state == a.READY))
+        metrics.AUTOSCALER_DESIRED.labels(ns, name).set(desired)
+        metrics.AUTOSCALER_CURRENT.labels(ns, name).set(current)
+        for pod_state in (a.READY, a.UNKNOWN, a.LOADING, a.PENDING):
+            metrics.AUTOSCALER_READY.labels(ns, name, pod_state).set(
+                sum(1 for s in samples if s.state == pod_state))
+        metrics.AUTOSCALER_DECISIONS.labels(ns, name, reason).inc()
+        if state.last == (desired, reason):
+            return
+        state.last = (desired, reason)
+        self.kube.patch_vlmd_status(ns, name, {"autoscaling": {
+            "desiredReplicas": desired, "currentReplicas": current,
+            "reason": f"{reason}: {message}", "time": now_iso()}})
+
+    # -- for the reconciler and the handlers
+    def reports(self, namespace: str, name: str) -> list[Report]:
+        """Report provider (runner.py registers it): ScalingLimited while Builtin runs here."""
+        state = self._states.get((namespace, name))
+        if state is None:
+            return []
+        if state.limited:
+            return [Report("ScalingLimited", "True", *state.limited)]
+        return [Report("ScalingLimited", "False", "WithinBudget",
+                       "scale-ups fit the free GPUs")]
+
+    def mode_reports(self, namespace: str, name: str) -> list[Report]:
+        """Report provider: in KEDA mode, whether the cluster serves ScaledObjects at all."""
+        body = self.kube.get_vlmd(namespace, name) or {}
+        if crd.autoscaling_mode(body.get("spec")) != "KEDA":
+            return []
+        if self.kube.keda_served():
+            return [Report("AutoscalerReady", "True", "ScaledObjectApplied",
+                           "KEDA scales this VLMDeployment through a ScaledObject")]
+        return [Report("AutoscalerReady", "False", "KEDANotInstalled",
+                       "mode KEDA, but the cluster does not serve keda.sh/v1alpha1 "
+                       "ScaledObjects: install KEDA (the ScaledObject is created once it is)")]
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Autoscaling turned off, switched mode or the object is gone: drop its state."""
+        self._states.pop((namespace, name), None)
+        with self._lock:
+            self._claims.pop((namespace, name), None)
+
+
+def _placement(vlmd: VLMDeployment) -> dict:
+    """What decides which nodes the VLMDeployment's pods may go to."""
+    template = children.get_pod_template(vlmd)["spec"]
+    return {k: template.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
+
+
+def _removed_elsewhere(pod: dict) -> bool:
+    """Out of the Service, but not by this autoscaler: log watching is removing it."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(children.IN_SERVICE_LABEL) == "false" and a.draining_since(pod) is None
+
+
+def put_out_of_service(kube: Kube, namespace: str, pod: str, since: float | None) -> None:
+    """One patch for the label the Service selects and the annotation that says since when, so
+    a drain is never half recorded; since=None puts the pod back."""
+    kube.patch_pod(namespace, pod,
+                   labels={children.IN_SERVICE_LABEL: "false" if since is not None else "true"},
+                   annotations={a.DRAIN_SINCE: f"{since:.3f}" if since is not None else None})

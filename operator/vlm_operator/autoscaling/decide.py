@@ -1,0 +1,253 @@
+"""Builtin autoscaling decisions. Pure: samples, history and time in; replicas and reasons out.
+
+The acting side (autoscaling/autoscaler.py) scrapes each pod's /metrics and feeds PodSamples here.
+
+Load model. The need of one sample is in fractional replicas:
+    max(sum(metric_i * (1 + multimodalWeight * images_per_request_i)) / target,
+        sum(kv_cache_usage_i) / KV_HIGH)
+over ready pods. Multimodal requests weigh more: images per request are observed per pod as the
+increase of vllm:mm_cache_queries_total (one per multimodal item looked up) over the increase of
+vllm:request_success_total between two scrapes; the last known ratio is kept while no request
+finishes. The KV-cache term keeps replicas that are busy without a queue (waiting = 0, cache
+full) from being scaled away.
+
+Stabilisation (no oscillation under steady noisy load):
+- fast scale-up: the minimum need over the last UP_WINDOW_S (three 1 s rounds) is above
+  current * FAST_FACTOR -> ceil(that minimum) (a load step is followed within seconds, a
+  one- or two-second burst is not);
+- slow scale-up: the mean need over SMOOTH_WINDOW_S is above current * (1 + TOLERANCE);
+- scale-down: only after scaleDownDelaySeconds of observation, to
+  ceil(max over that delay of the SMOOTH_WINDOW_S mean need / (1 - TOLERANCE)): bursts average
+  out, sustained peaks keep the replicas, and the hysteresis band between the up and down
+  thresholds stops flapping at the boundary.
+Pods still loading count as capacity on the way: needs are absolute replica counts compared
+with the current replica count, which includes them.
+
+Unknown is not zero: a ready pod whose /metrics could not be read (UNKNOWN) adds nothing to the
+need, so the need of the others is a lower bound: it may scale up, but no scale-down happens
+while any pod's load is unknown, no such pod is chosen to leave, and a draining one waits out
+its drain limit (an overloaded pod is exactly the one that answers slowly).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from vlm_operator.api.names import DRAIN_SINCE
+from vlm_operator.api.validation import with_defaults
+from vlm_operator.desired.autoscaler_objects import KV_HIGH
+from vlm_operator.desired.children import DRAIN_LIMIT_S, IN_SERVICE_LABEL
+
+TOLERANCE = 0.2
+FAST_FACTOR = 1.5
+UP_WINDOW_S = 2.5
+SMOOTH_WINDOW_S = 30.0
+DRAIN_TIMEOUT_S = float(DRAIN_LIMIT_S)
+
+READY, LOADING, PENDING, UNKNOWN = "ready", "loading", "pending", "unknown"
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """What the autoscaler knows about one pod at one scrape."""
+
+    name: str
+    state: str = READY  # READY (scraped), UNKNOWN (ready, scrape failed), LOADING (bound, not
+    # ready), PENDING (not bound)
+    metric: float = 0.0  # the configured vLLM metric, summed over the pod's engines
+    kv_cache: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+    images_per_request: float = 0.0
+    busy: float = 0.0  # running + waiting requests: what a drain waits for
+    failing: bool = False  # a recent failure signature (from log watching)
+    created: float = 0.0  # creation time in seconds; newer pods go first among equals
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target: float = 5.0
+    scale_down_delay_s: float = 300.0
+    multimodal_weight: float = 1.0
+
+
+def policy_from_spec(autoscaling: dict) -> Policy:
+    """The policy of spec.autoscaling; the schema's defaults fill what it leaves out."""
+    spec = with_defaults({"autoscaling": dict(autoscaling)})["autoscaling"]
+    return Policy(
+        min_replicas=int(spec["minReplicas"]),
+        max_replicas=int(spec["maxReplicas"]),
+        target=float(spec["target"]),
+        scale_down_delay_s=float(spec["scaleDownDelaySeconds"]),
+        multimodal_weight=float(spec["multimodalWeight"]),
+    )
+
+
+class Point(NamedTuple):
+    t: float
+    need: float
+    smooth: float  # mean need over the SMOOTH_WINDOW_S up to t
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    reason: str  # CamelCase, also the metrics label
+    message: str
+    need: float | None
+    history: tuple[Point, ...]
+
+
+def images_per_request(prev: tuple[float, float] | None, cur: tuple[float, float],
+                       last: float) -> float:
+    """Images per finished request between two scrapes of (request_success, mm_queries)."""
+    if prev is None:
+        return last
+    done, images = cur[0] - prev[0], cur[1] - prev[1]
+    if done <= 0 or images < 0:  # nothing finished, or the counters were reset (restart)
+        return last
+    return images / done
+
+
+def load_need(pods: list[PodSample], policy: Policy) -> float | None:
+    """Replicas (fractional) the ready pods' load needs; None when no pod could be scraped."""
+    ready = [p for p in pods if p.state == READY]
+    if not ready:
+        return None
+    weighted = sum(p.metric * (1 + policy.multimodal_weight * p.images_per_request)
+                   for p in ready)
+    if policy.target > 0:
+        metric_need = weighted / policy.target
+    else:
+        metric_need = math.inf if weighted > 0 else 0.0
+    return max(metric_need, sum(p.kv_cache for p in ready) / KV_HIGH)
+
+
+def keep_seconds(policy: Policy) -> float:
+    return max(policy.scale_down_delay_s, SMOOTH_WINDOW_S) + UP_WINDOW_S + 5
+
+
+def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now: float,
+           policy: Policy) -> Decision:
+    """The replicas wanted now, before the GPU budget; history is returned updated."""
+    lo, hi = policy.min_replicas, max(policy.min_replicas, policy.max_replicas)
+    need = load_need(pods, policy)
+    history = tuple(p for p in history if p.t >= now - keep_seconds(policy))
+    if need is not None:
+        window = [p.need for p in history if p.t > now - SMOOTH_WINDOW_S] + [need]
+        history = (*history, Point(now, need, sum(window) / len(window)))
+
+    def done(desired: int, reason: str, message: str) -> Decision:
+        return Decision(desired, reason, message, need, history)
+
+    if current < lo:
+        return done(lo, "BelowMinReplicas", f"{current} replicas is below minReplicas {lo}")
+    if current > hi:
+        return done(hi, "AboveMaxReplicas", f"{current} replicas is above maxReplicas {hi}")
+    if need is None:
+        return done(current, "NoMetrics", "no ready pod to read load from")
+    unknown = sorted(p.name for p in pods if p.state == UNKNOWN)
+
+    recent = [p.need for p in history if p.t >= now - UP_WINDOW_S]
+    fast = min(recent)
+    mean = history[-1].smooth
+    up = 0
+    if len(recent) >= 2 and fast > current * FAST_FACTOR:
+        up, why = _ceil(fast), f"load step: need {fast:.2f} replicas over {UP_WINDOW_S:g} s"
+    settled = history[0].t <= now - SMOOTH_WINDOW_S / 2  # a mean of a few rounds is no mean
+    if settled and mean > current * (1 + TOLERANCE) and _ceil(mean) > up:
+        up, why = _ceil(mean), f"sustained load: need {mean:.2f} replicas over " \
+                               f"{SMOOTH_WINDOW_S:g} s"
+    if up > current:
+        if current >= hi:
+            return done(hi, "AtMaxReplicas", f"{why}, held at maxReplicas {hi}")
+        return done(min(up, hi), "ScaleUp", why)
+
+    delay = policy.scale_down_delay_s
+    peak = max(p.smooth for p in history if p.t >= now - delay)
+    down = max(lo, _ceil(peak / (1 - TOLERANCE)))
+    if down < current and unknown:
+        return done(current, "LoadUnknown", f"not scaling down: the load of {', '.join(unknown)} "
+                    "is unknown (/metrics unreadable)")
+    if down >= current > max(lo, _ceil(need / (1 - TOLERANCE))):
+        return done(current, "ScaleDownDelayed",
+                    f"load is low now (need {need:.2f}) but needed {peak:.2f} replicas within "
+                    f"the {delay:g} s scale-down delay")
+    if down < current:
+        if history[0].t > now - delay:
+            return done(current, "ScaleDownDelayed",
+                        f"load is low (need {peak:.2f}) for {now - history[0].t:.0f} s of the "
+                        f"{delay:g} s scale-down delay")
+        return done(down, "ScaleDown",
+                    f"need at most {peak:.2f} replicas over the last {delay:g} s")
+    return done(current, "WithinTarget", f"need {need:.2f} replicas for {current}")
+
+
+def _ceil(x: float) -> int:
+    """ceil that forgives float noise (2.0000000001 -> 2) and caps infinity."""
+    if math.isinf(x):
+        return 1 << 30
+    return math.ceil(x - 1e-9)
+
+
+# ---------------------------------------------------------------- graceful scale-down
+
+def victim_order(pods: list[PodSample]) -> list[PodSample]:
+    """Pods in the order they should go: failing, not bound, loading, least busy, newest.
+    Pods whose load is unknown are never picked."""
+    rank = {PENDING: 0, LOADING: 1, READY: 2}
+    return sorted((p for p in pods if p.state != UNKNOWN),
+                  key=lambda p: (not p.failing, rank[p.state], p.busy, -p.created, p.name))
+
+
+class DrainPlan(NamedTuple):
+    take_out: list[str]  # flip in-service to "false" and start draining
+    put_back: list[str]  # no longer to be removed: back into the Service
+    delete: list[str]  # drained (or not serving, or timed out): delete, then lower replicas
+
+
+def plan_scale_down(pods: list[PodSample], desired: int, current: int,
+                    draining: dict[str, float], now: float,
+                    drain_timeout_s: float = DRAIN_TIMEOUT_S) -> DrainPlan:
+    """Which pods leave the Service, come back, or are deleted this round."""
+    by_name = {p.name: p for p in pods}
+    draining = {n: t for n, t in draining.items() if n in by_name}
+    excess = max(0, current - desired)
+    if len(draining) > excess:  # load came back: keep the longest-draining ones
+        keep = sorted(draining, key=lambda n: (draining[n], n))[:excess]
+        put_back = sorted(set(draining) - set(keep))
+        draining = {n: draining[n] for n in keep}
+    else:
+        put_back = []
+    fresh = [p.name for p in victim_order([p for p in pods if p.name not in draining])]
+    take_out = fresh[:excess - len(draining)]
+    delete = sorted(n for n, since in draining.items() if drained(by_name[n])
+                    or now - since >= drain_timeout_s)
+    return DrainPlan(take_out, put_back, delete)
+
+
+def drained(pod: PodSample) -> bool:
+    """Nothing left to wait for: it does not serve, or it read idle (unknown is not idle)."""
+    return pod.state in (LOADING, PENDING) or (pod.state == READY and pod.busy <= 0)
+
+
+def draining_since(pod: dict) -> float | None:
+    """When the autoscaler took this pod out of the Service (its annotation), if it did."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(IN_SERVICE_LABEL) != "false":
+        return None
+    try:
+        return float((meta.get("annotations") or {})[DRAIN_SINCE])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def stale_drains(pods: list[dict], builtin: bool) -> list[str]:
+    """Pods the autoscaler took out that nothing will finish: Builtin autoscaling is off (a
+    mode switch, autoscaling disabled). They go back into the Service."""
+    if builtin:
+        return []
+    return sorted(p["metadata"]["name"] for p in pods if draining_since(p) is not None
+                  and not p["metadata"].get("deletionTimestamp"))

@@ -1,0 +1,241 @@
+"""Reading a vLLM pod over HTTP: /metrics, /health and the stall canary, each one bounded
+exchange (engine/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange).
+
+Unknown is not zero: a read that fails says nothing about load, so callers get an error kind or
+None, never 0. Unreachable is not sick: a connection that cannot be made (UNREACHABLE) is kept
+apart from a server that accepted it and answered nothing (TIMEOUT), which is evidence.
+
+`Scraper` reads every pod of a round in parallel, on workers shared fairly between tenants
+(engine/fairpool.py), each read against its own deadline, so a round never waits for one slow pod
+longer than that deadline, nor for the slow pods of another VLMDeployment; one GET per pod per
+round serves both the autoscaler and stall detection.
+
+Caps: METRICS_CAP (2 MiB) is 40 times a real vLLM 0.32.0 /metrics page (about 50 KB, 425
+samples, one engine): room for per-engine label sets of data-parallel servers and for LoRA
+and speculative-decoding families, while 32 workers reading capped answers at once hold at
+most 64 MiB. /health, /v1/models and a 1-token completion are small JSON (or empty):
+SMALL_CAP (64 KiB).
+
+Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 KB (histogram
+buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
+per read, once a second per pod; the dozen samples it reads cost a small fraction of that
+(bench/results/scrape-cost.md). The lines are found by a regular expression over the bytes
+(no copy of the page per line), and at most MAX_SAMPLE_LINES of them are parsed, so no page a
+pod can serve costs more than tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Collection
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+
+from vlm_operator.api import names
+from vlm_operator.engine import podhttp
+from vlm_operator.engine.fairpool import FairPool
+from vlm_operator.engine.podhttp import BAD_ANSWER, PodHTTPError
+
+METRICS_TIMEOUT_S = 1.0
+HEALTH_TIMEOUT_S = 1.0
+METRICS_CAP = 2 * 1024 * 1024
+SMALL_CAP = 64 * 1024
+MAX_SAMPLE_LINES = 4096
+SCRAPE_WORKERS = 32
+START_BY_S = 0.5  # a round's read not started by then is not read this round (BUSY)
+IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+HTTP_ERROR = "http_error"  # an answer with a status other than the one asked for
+UNAUTHORIZED = "unauthorized"  # HTTP 401/403: an API key guards /v1; the operator holds none
+BUSY = "busy"  # not read this round: its last read still runs, or its share of workers was
+# taken until the round stopped waiting; says nothing about the pod
+NO_IP = "no-ip"
+ANSWERED = "answered"
+CANARY_ID_PREFIX = "vlm-operator-canary-"
+CANARY_PROMPT = "Hi"
+
+
+def pod_ip(pod: dict) -> str | None:
+    return (pod.get("status") or {}).get("podIP") or None
+
+
+def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
+              **kw) -> podhttp.Answer:
+    return podhttp.exchange(ip, names.PORT, method, path, timeout_s=timeout_s, cap=cap, **kw)
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_lines(names: frozenset[str]) -> re.Pattern[bytes]:
+    """Lines of the exposition format whose sample is exactly one of `names` (a label set or
+    a blank follows the name): the name, and the rest of the line."""
+    alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names))
+    return re.compile(rb"^(" + alternatives + rb")((?:[{ \t])[^\n]*)", re.M)
+
+
+# what follows a sample's name: an optional label set (quoted values may hold anything
+# escaped), the value, an optional timestamp
+_REST = re.compile(rb'(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?[ \t]+([^ \t\n]+)'
+                   rb"(?:[ \t]+-?[0-9]+)?[ \t]*\r?")
+
+
+def parse_metrics(text: str | bytes, names: Collection[str]) -> dict[str, float]:
+    """Sample name -> value summed over label sets (engines, finished reasons), for the
+    samples called `names` (exact sample names, e.g. vllm:request_success_total); the other
+    lines are skipped by their name, by a regular expression over the bytes. Raises
+    ValueError on a wanted line that is not a sample, or on more than MAX_SAMPLE_LINES wanted
+    lines (a vLLM server has one per engine and label set: a few dozen): a page at the cap made
+    of nothing but wanted lines would otherwise cost 0.15 s of CPU per read (a second with
+    prometheus_client's general parser)."""
+    if not names:
+        return {}
+    data = text.encode() if isinstance(text, str) else text
+    out: dict[str, float] = {}
+    for i, match in enumerate(_sample_lines(frozenset(names)).finditer(data)):
+        if i >= MAX_SAMPLE_LINES:
+            raise ValueError(f"more than {MAX_SAMPLE_LINES} lines of the samples read")
+        rest = _REST.fullmatch(match.group(2))
+        if rest is None:
+            raise ValueError(f"not a sample line: {match.group()[:100]!r}")
+        name = match.group(1).decode()
+        out[name] = out.get(name, 0.0) + float(rest.group(1))
+    return out
+
+
+def get_metrics(ip: str, names: Collection[str],
+                timeout_s: float = METRICS_TIMEOUT_S) -> dict[str, float]:
+    """The samples `names` of the pod's /metrics, within timeout_s in all; raises
+    PodHTTPError."""
+    answer = _exchange(ip, "GET", "/metrics", timeout_s, METRICS_CAP)
+    if answer.status != 200:
+        raise PodHTTPError(HTTP_ERROR, f"/metrics answered {answer.status}")
+    try:
+        return parse_metrics(answer.body, names)
+    except ValueError as exc:
+        raise PodHTTPError(BAD_ANSWER, f"/metrics does not parse: {exc}") from None
+
+
+def requests_in_flight(ip: str | None, timeout_s: float = 2.0) -> float | None:
+    """Running + waiting requests; None when it cannot be told (no IP, or the read failed:
+    a refused or dropped connection says nothing about the requests in flight; whether the
+    container runs is read from the pod's status)."""
+    if not ip:
+        return None
+    try:
+        values = get_metrics(ip, IN_FLIGHT_METRICS, timeout_s)
+    except PodHTTPError:
+        return None
+    return sum(values.get(name, 0.0) for name in IN_FLIGHT_METRICS)
+
+
+def health(ip: str | None, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+    """GET /health: "ok" (200), "failing" (another status), an error kind of podhttp
+    (UNREACHABLE, TIMEOUT, ...), or None (no IP)."""
+    if not ip:
+        return None
+    try:
+        answer = _exchange(ip, "GET", "/health", timeout_s, SMALL_CAP)
+    except PodHTTPError as exc:
+        return exc.kind
+    return "ok" if answer.status == 200 else "failing"
+
+
+def canary_id() -> str:
+    return CANARY_ID_PREFIX + uuid.uuid4().hex[:12]
+
+
+def canary(ip: str, timeout_s: float, request_id: str) -> str:
+    """The smallest completion (max_tokens 1, a fixed 1-token prompt) for the model the pod
+    serves, both exchanges within timeout_s: ANSWERED, or an error kind (TIMEOUT only on a
+    connection the pod accepted; UNREACHABLE when none could be made; UNAUTHORIZED: HTTP
+    401/403, an API key guards /v1 and the operator holds none; HTTP_ERROR, no model listed:
+    BAD_ANSWER). The request id (X-Request-Id) and user field mark it as the operator's in
+    vLLM's logs."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        models = _exchange(ip, "GET", "/v1/models", timeout_s, SMALL_CAP)
+        if models.status != 200:
+            return UNAUTHORIZED if models.status in (401, 403) else HTTP_ERROR
+        try:
+            model = json.loads(models.body)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return BAD_ANSWER
+        body = json.dumps({"model": model, "prompt": CANARY_PROMPT, "max_tokens": 1,
+                           "temperature": 0, "user": "vlm-operator-canary"}).encode()
+        left = max(0.1, deadline - time.monotonic())
+        answer = _exchange(ip, "POST", "/v1/completions", left, SMALL_CAP, body=body,
+                           headers={"Content-Type": "application/json",
+                                    "X-Request-Id": request_id})
+    except PodHTTPError as exc:
+        return exc.kind
+    if answer.status in (401, 403):
+        return UNAUTHORIZED
+    return ANSWERED if 200 <= answer.status < 300 else HTTP_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    values: dict[str, float] | None = None
+    error: str | None = None  # a podhttp kind, HTTP_ERROR, BUSY or NO_IP; None with values
+    detail: str = ""  # what happened, for status messages
+
+
+class Scraper:
+    """One /metrics read per pod per round, in parallel on workers shared fairly between
+    namespaces (engine/fairpool.py), each with its own deadline."""
+
+    def __init__(self, workers: int = SCRAPE_WORKERS,
+                 timeout_s: float = METRICS_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._pool = FairPool(workers, "scrape")
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # pod uids whose previous read has not returned
+
+    def stop(self) -> None:
+        self._pool.shutdown()
+
+    def scrape(self, owner: tuple[str, str], pods: list[dict],
+               names: Collection[str]) -> dict[str, Scrape]:
+        """Pod name -> its reading of the samples `names` this round, for the pods of the
+        VLMDeployment `owner` (namespace, name). A pod still busy from an earlier round, or
+        whose read could not start within START_BY_S (its namespace's share of the workers
+        in use), reads as BUSY."""
+        out: dict[str, Scrape] = {}
+        futures: dict[str, Future] = {}
+        start_by = time.monotonic() + START_BY_S
+        for pod in pods:
+            meta = pod["metadata"]
+            ip = pod_ip(pod)
+            if not ip:
+                out[meta["name"]] = Scrape(error=NO_IP)
+                continue
+            with self._lock:
+                busy = meta["uid"] in self._busy
+                self._busy.add(meta["uid"])
+            if busy:
+                out[meta["name"]] = Scrape(error=BUSY, detail="its last read still runs")
+                continue
+            future = self._pool.submit(owner, self._one, ip, names, start_by=start_by)
+            future.add_done_callback(lambda _, uid=meta["uid"]: self._done(uid))
+            futures[meta["name"]] = future
+        wait(futures.values(), timeout=START_BY_S + self.timeout_s + 0.5)
+        for name, future in futures.items():
+            if future.done() and not future.cancelled():
+                out[name] = future.result()
+            else:  # never started, or (rarely) not back yet: it finishes on its own
+                future.cancel()
+                out[name] = Scrape(error=BUSY, detail="no scrape worker free in time")
+        return out
+
+    def _done(self, uid: str) -> None:
+        with self._lock:
+            self._busy.discard(uid)
+
+    def _one(self, ip: str, names: Collection[str]) -> Scrape:
+        try:
+            return Scrape(get_metrics(ip, names, self.timeout_s))
+        except PodHTTPError as exc:
+            return Scrape(error=exc.kind, detail=exc.detail)

@@ -1,0 +1,257 @@
+"""The cluster's GPU budget, as nodes and pods show it: what each node offers (readiness,
+labels, taints, extended resources), what the pods bound to it hold, which nodes a pod may go
+to, and how free GPUs are shared between replicas. Pure: node and pod objects in.
+
+k8s/caches.py keeps the nodes and GPU pods this reads; the Builtin autoscaler
+(autoscaling/autoscaler.py) asks it where replicas fit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from vlm_operator.api.names import GPU_RESOURCE
+from vlm_operator.k8s.pods import is_ready
+
+# A replica needs gpusPerReplica units of its GPU resource (spec.gpuResourceName: nvidia.com/gpu,
+# a MIG profile such as nvidia.com/mig-1g.10gb, amd.com/gpu, ...) on ONE node, and only on nodes
+# its pods may go to: their nodeSelector, required node affinity and tolerations (the pod
+# template's, desired/children.get_pod_template). Two nodes with one free GPU each hold no 2-GPU
+# replica.
+# Inter-pod (anti-)affinity and topology spread are not predicted: replicas they keep out stay
+# Pending, are seen as such and hold their claim.
+
+class Taint(NamedTuple):
+    key: str
+    value: str
+    effect: str
+
+
+class Node(NamedTuple):
+    """A Ready, schedulable Node as the budget sees it."""
+
+    name: str
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    allocatable: dict[str, int]  # extended resources (a domain-prefixed name) only
+
+
+class PodUse(NamedTuple):
+    """Extended resources a pod bound to `node` holds."""
+
+    node: str
+    requests: dict[str, int]
+
+
+def _extended(name: str) -> bool:
+    """Extended resources (GPUs and other devices) are domain-prefixed and count in units;
+    cpu, memory, hugepages-* and ephemeral-storage are not, nor is kubernetes.io's domain."""
+    return "/" in name and not name.split("/", 1)[0].endswith("kubernetes.io")
+
+
+def _units(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0  # extended resources are whole numbers; anything else holds no device
+
+
+def _container_requests(container: dict) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    # an extended resource's request defaults to its limit (they must be equal)
+    return {k: _units(v) for k, v in {**limits, **requests}.items() if _extended(k)}
+
+
+def pod_requests(pod_spec: dict) -> dict[str, int]:
+    """Extended resources a pod requests: its containers' sum, or its largest init container."""
+    total: dict[str, int] = {}
+    for container in pod_spec.get("containers") or []:
+        for name, n in _container_requests(container).items():
+            total[name] = total.get(name, 0) + n
+    for container in pod_spec.get("initContainers") or []:
+        for name, n in _container_requests(container).items():
+            total[name] = max(total.get(name, 0), n)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def pod_use(pod: dict) -> PodUse | None:
+    """What a pod holds: bound, not finished, requesting an extended resource; else None."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    requests = pod_requests(spec)
+    return PodUse(node, requests) if requests else None
+
+
+def node_of(node: dict) -> Node | None:
+    """The budget's view of a Node; None for one that takes no new pods (not Ready, cordoned)."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if spec.get("unschedulable") or not is_ready(node):
+        return None
+    taints = tuple(Taint(t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+                   for t in spec.get("taints") or [])
+    allocatable = {k: _units(v) for k, v in (status.get("allocatable") or {}).items()
+                   if _extended(k)}
+    return Node(node["metadata"]["name"], dict(node["metadata"].get("labels") or {}), taints,
+                allocatable)
+
+
+# Taints the cluster autoscaler and Karpenter (v1; `karpenter.sh/disruption` before it) put on
+# nodes they are about to remove.
+LEAVING_TAINTS = {"ToBeDeletedByClusterAutoscaler": "the cluster autoscaler removes it",
+                  "karpenter.sh/disrupted": "Karpenter removes it",
+                  "karpenter.sh/disruption": "Karpenter removes it"}
+
+
+class NodeState(NamedTuple):
+    """A Node as the operator's node cache keeps it."""
+
+    name: str
+    budget: Node | None  # as the GPU budget sees it (None: it takes no new pods)
+    leaving: str | None  # why it is about to go, if it is
+
+
+def leaving(node: dict) -> str | None:
+    """Why a node is about to go: cordoned (kubectl drain or cordon), or tainted by the
+    cluster autoscaler or Karpenter; None when it is not. A refused eviction leaves no trace to
+    watch: these are what is seen of a drain before it evicts."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned (spec.unschedulable: kubectl drain or cordon)"
+    for taint in spec.get("taints") or []:
+        if taint.get("key") in LEAVING_TAINTS:
+            return f"{LEAVING_TAINTS[taint['key']]} (taint {taint['key']})"
+    return None
+
+
+def node_state(node: dict) -> NodeState | None:
+    """What the node cache keeps of a Node: its budget view, why it leaves; None when it
+    neither takes pods nor is leaving (not Ready)."""
+    why = leaving(node)
+    budget = node_of(node) if why is None else None
+    if budget is None and why is None:
+        return None
+    return NodeState(node["metadata"]["name"], budget, why)
+
+
+def free_by_node(nodes: list[Node], uses: list[PodUse]) -> dict[str, dict[str, int]]:
+    """Per node, allocatable extended resources minus what bound pods request.
+
+    Pending (unbound) pods are not subtracted: they are what the budget is shared between.
+    """
+    free = {n.name: dict(n.allocatable) for n in nodes}
+    for use in uses:
+        left = free.get(use.node)
+        if left is None:
+            continue
+        for name, n in use.requests.items():
+            left[name] = left.get(name, 0) - n
+    return {name: {k: max(0, v) for k, v in left.items()} for name, left in free.items()}
+
+
+def tolerates(tolerations: list[dict], taint: Taint) -> bool:
+    """Kubernetes' ToleratesTaint, for any of `tolerations`."""
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint.effect:
+            continue
+        if tol.get("key") and tol["key"] != taint.key:
+            continue
+        if tol.get("operator") == "Exists" or tol.get("value", "") == taint.value:
+            return True
+    return False
+
+
+def _expression(expr: dict, values: dict[str, str]) -> bool:
+    key, op, wanted = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
+    have = values.get(key)
+    if op == "In":
+        return have is not None and have in wanted
+    if op == "NotIn":
+        return have is None or have not in wanted
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and len(wanted) == 1:
+        try:
+            a, b = int(have), int(wanted[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _term(term: dict, node: Node) -> bool:
+    exprs, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not exprs and not fields:  # an empty term matches no node
+        return False
+    return (all(_expression(e, node.labels) for e in exprs)
+            and all(_expression(f, {"metadata.name": node.name}) for f in fields))
+
+
+def node_fits(pod_spec: dict, node: Node) -> bool:
+    """Whether the scheduler may put a pod of `pod_spec` on `node`: nodeSelector, required node
+    affinity, and taints with effect NoSchedule or NoExecute tolerated (resources aside)."""
+    if any(node.labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if required is not None and not any(_term(t, node)
+                                        for t in required.get("nodeSelectorTerms") or []):
+        return False
+    tolerations = pod_spec.get("tolerations") or []
+    return all(tolerates(tolerations, t) for t in node.taints
+               if t.effect in ("NoSchedule", "NoExecute"))
+
+
+class Claim(NamedTuple):
+    """One VLMDeployment's ask for GPUs; `bound` replicas already hold theirs."""
+
+    key: tuple[str, str]
+    priority: int
+    gpus_per_replica: int
+    current: int
+    bound: int
+    desired: int
+    resource: str = GPU_RESOURCE
+    pod_spec: dict | None = None  # nodeSelector, affinity, tolerations of its pods
+
+
+def share_gpus(nodes: list[Node], free: dict[str, dict[str, int]],
+               claims: list[Claim]) -> dict[tuple[str, str], int]:
+    """Granted replicas per claim: free GPUs go to higher priority first (ties by name), one
+    replica at a time onto the eligible node with the least room that still holds it (so
+    large replicas keep the large gaps).
+
+    Scale-downs and holds are always granted; a scale-up gets only replicas that fit, never
+    below the current count (pods already asked for are left to the scheduler, and placed
+    first: they take their GPUs when they bind).
+    """
+    left = {name: dict(res) for name, res in free.items()}
+    granted = {}
+    for c in sorted(claims, key=lambda c: (-c.priority, c.key)):
+        need = max(1, c.gpus_per_replica)
+        eligible = [n.name for n in nodes if n.name in left and node_fits(c.pod_spec or {}, n)]
+        want, take = max(0, max(c.desired, c.current) - c.bound), 0
+        while take < want:
+            room = [(left[n].get(c.resource, 0), n) for n in eligible
+                    if left[n].get(c.resource, 0) >= need]
+            if not room:
+                break
+            left[min(room)[1]][c.resource] -= need
+            take += 1
+        if c.desired <= c.current:
+            granted[c.key] = c.desired
+        else:
+            granted[c.key] = max(c.current, min(c.desired, c.bound + take))
+    return granted
+
+
+def largest_free(nodes: list[Node], free: dict[str, dict[str, int]], resource: str = GPU_RESOURCE,
+                 pod_spec: dict | None = None) -> int:
+    """The most units of `resource` free on one node a pod of `pod_spec` may go to: the
+    largest replica that fits anywhere."""
+    return max((free.get(n.name, {}).get(resource, 0) for n in nodes
+                if node_fits(pod_spec or {}, n)), default=0)

@@ -1,0 +1,73 @@
+"""Pure reads of pod objects (and the conditions nodes share with them): readiness, the vllm
+container's state, owners, RFC3339 times. No API calls."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+from vlm_operator.api.names import CONTAINER, GROUP, INSTANCE_LABEL, KIND
+
+
+def ready_condition(obj: Mapping) -> Mapping:
+    """The object's (pod's, node's) Ready condition; {} when it has none."""
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"), {})
+
+
+def is_ready(obj: Mapping) -> bool:
+    """Its Ready condition is True (a pod's readiness probe passes, a node is Ready)."""
+    return ready_condition(obj).get("status") == "True"
+
+
+def ready(pod: Mapping) -> bool:
+    """The kubelet's view: the pod's Ready condition is True (its readiness probe passes), for a
+    pod not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and is_ready(pod)
+
+
+def not_ready(pod: Mapping) -> bool:
+    """The kubelet's view: the pod's Ready condition is False (its readiness probe fails), for
+    a pod not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and \
+        ready_condition(pod).get("status") == "False"
+
+
+def container_status(pod: Mapping) -> dict:
+    """The status of the pod's vllm container; {} before it has one."""
+    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                 if c.get("name") == CONTAINER), {})
+
+
+def restart_count(pod: Mapping) -> int:
+    return int(container_status(pod).get("restartCount") or 0)
+
+
+def is_running(pod: Mapping) -> bool:
+    return "running" in (container_status(pod).get("state") or {})
+
+
+def controller_of(obj: Mapping) -> dict | None:
+    """`obj`'s controller ownerReference, if it has one."""
+    return next((ref for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                 if ref.get("controller")), None)
+
+
+def owner_name(obj: Mapping) -> str | None:
+    """The VLMDeployment a child belongs to: its controller ownerReference, else the label."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(GROUP):
+            return ref.get("name")
+    return (meta.get("labels") or {}).get(INSTANCE_LABEL)
+
+
+def parse_time(text: str | None) -> float | None:
+    """An RFC3339 time (metadata.creationTimestamp, a condition's lastTransitionTime) as epoch
+    seconds; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,562 @@
+"""Following one pod's vLLM log through the apiserver: streams, resume, de-duplication.
+
+One thread per pod follows `pods/log?follow=true&timestamps=true`. A dropped stream is resumed
+with sinceTime (second precision at the apiserver), dropping the replayed lines of that second by
+(timestamp, text), so nothing is counted twice or lost; the high-water mark survives container
+restarts, so a previous container's log read after the new one's never counts a line twice.
+When restartCount grows, the previous container's log is read once (its tail may not have
+reached us before it exited); one the kubelet will not serve (it lost the container, e.g. after
+a node restart: 400) is skipped and reported, and the current container is followed. Lines are
+split on "\\n" only (logs/signatures.py relies on the "\\r" vLLM leaves on continuation lines) and
+cut at MAX_LINE_BYTES, so one endless line costs bounded memory and linear work; a line the matcher
+fails on is counted and logged at most once a minute, never with a traceback per line.
+
+A pod that is not running (Pending, ContainerCreating, CrashLoopBackOff, evicted) costs no
+requests: its follower waits for the pod's next watch event (`hand`), with one GET only after
+NOT_RUNNING_RECHECK_S without any (kopf re-lists every 5 minutes, so only a pod that vanished
+without a DELETED event gets there).
+
+A fresh operator process does not re-read a long log: the follower writes a resume mark on the
+pod (annotation LOG_MARK: the container, the second of the last line handled, what the log said
+about the tokenizer pool and engine death) at most once every `mark_every_s` while lines come,
+and a follower that finds a mark of the current container starts after the earlier of that line
+and the incident windows it must refill (`lookback_s`, at most MAX_REPLAY_S); with no mark it
+reads the container's log from its start, as before any mark was written.
+
+The prefix vLLM writes before its header (VLLM_LOGGING_PREFIX) is read from the pod's own spec,
+never from the log. What a line means is the sink's business (logwatch.LogWatch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ReadTimeoutError
+
+from vlm_operator.api.names import LOG_MARK
+from vlm_operator.api.validation import LOGGING_PREFIX_ENV
+from vlm_operator.desired import children
+from vlm_operator.k8s.kube import Kube, object_path
+from vlm_operator.k8s.pods import container_status, is_running, owner_name, restart_count
+from vlm_operator.logs import signatures
+from vlm_operator.metrics import (
+    LOG_LINE_ERRORS,
+    LOG_LINES,
+    LOG_LINES_DEDUPLICATED,
+    LOG_LINES_TRUNCATED,
+    LOG_PREVIOUS_UNREADABLE,
+    LOG_RECONNECTS,
+)
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 120.0  # a quiet stream is re-opened (cheap: resumed with sinceTime)
+CONNECT_TIMEOUT_S = 10.0
+RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0
+END_WAIT_S = 10.0  # after a clean end (the container exited): the most to wait for its event
+NOT_RUNNING_RECHECK_S = 600.0  # a pod not running and without events this long is read once
+MAX_LINE_BYTES = 64 * 1024
+MAX_DEDUPE = 4096  # lines of one second remembered for de-duplication (Dedupe)
+PREVIOUS_ATTEMPTS = 4  # reads of a previous container's log before it is given up
+ERROR_LOG_EVERY_S = 60.0  # one log line per recurring error per follower, the rest counted
+MARK_EVERY_S = 300.0  # at most one mark write per pod this often (runner.py: --log-mark-seconds)
+MAX_REPLAY_S = 900.0  # the most of a log a fresh follower re-reads to refill incident windows
+MAX_MARK_TEXT = 256  # characters of the plugin state kept in a mark
+
+
+def parse_stamp_ns(stamp: str) -> int | None:
+    """RFC3339Nano (the kubelet's timestamps=true prefix) to epoch nanoseconds."""
+    head, _, frac = stamp.partition(".")
+    zone = "Z"
+    if frac:
+        digits = frac.rstrip("Z")
+        for sign in "+-":
+            if sign in digits:
+                digits, zone = digits.split(sign, 1)[0], sign + digits.split(sign, 1)[1]
+        frac = digits
+    elif head.endswith("Z"):
+        head = head[:-1]
+    try:
+        secs = dt.datetime.fromisoformat(head + ("+00:00" if zone == "Z" else zone)).timestamp()
+    except ValueError:
+        return None
+    return int(secs) * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
+
+
+def since_time(sec: int) -> str:
+    return dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp_of(ns: int) -> str:
+    """Epoch nanoseconds as RFC3339Nano (UTC), the kubelet's line stamp."""
+    return f"{since_time(ns // 1_000_000_000)[:-1]}.{ns % 1_000_000_000:09d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where a container's log was read up to, and what had been learnt from it before."""
+
+    container: str  # the containerID it belongs to
+    ns: int  # the kubelet's stamp of the last line handled, epoch nanoseconds
+    plugin: str | None = None  # Follower.plugin
+    engine_dead_at: float | None = None
+    readable: bool = False  # a line with vLLM's header had been seen
+
+    def value(self) -> str:
+        return json.dumps({"container": self.container, "time": stamp_of(self.ns),
+                           "plugin": self.plugin, "engineDeadAt": self.engine_dead_at,
+                           "readable": self.readable}, sort_keys=True)
+
+
+def parse_mark(annotations: Mapping[str, str] | None) -> Mark | None:
+    """The LOG_MARK annotation; anything unreadable is no mark (the log is then read from the
+    container's start). Whoever may patch the pod can write it: its text is bounded here, and a
+    forged one only changes what is reported about that pod."""
+    raw = (annotations or {}).get(LOG_MARK)
+    try:
+        data = json.loads(raw) if raw and len(raw) <= 4096 else None
+        stamp = parse_stamp_ns(str(data["time"])) if isinstance(data, dict) else None
+        if stamp is None:
+            return None
+        plugin, dead = data.get("plugin"), data.get("engineDeadAt")
+        return Mark(str(data["container"]), stamp,
+                    str(plugin)[:MAX_MARK_TEXT] if plugin is not None else None,
+                    float(dead) if dead is not None else None, data.get("readable") is True)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resume_point(mark: Mark | None, container: str | None, now: float,
+                 lookback_s: float) -> tuple[int | None, Mark | None]:
+    """(the epoch nanosecond to start reading the current container's log after, the mark that
+    applies) for a follower with nothing in memory. The mark applies to its own container only;
+    the replay reaches back `lookback_s` (incident windows) before now, and never starts after
+    the mark: where the mark is older, the lines up to and with it are not read again."""
+    if mark is None or not container or mark.container != container or \
+            mark.ns > (now + 60) * 1e9:
+        return None, None
+    back = int((now - lookback_s) * 1e9)
+    return max(0, min(mark.ns, back - 1)), mark
+
+
+class Throttled:
+    """One log line per `every_s` for a recurring error; the ones in between are counted and
+    the count goes with the next line."""
+
+    def __init__(self, every_s: float = ERROR_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._last: float | None = None
+        self._skipped = 0
+        self._lock = threading.Lock()
+
+    def log(self, logger: logging.Logger, level: int, msg: str, *args) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if self._last is not None and now - self._last < self.every_s:
+                self._skipped += 1
+                return False
+            skipped, self._skipped, self._last = self._skipped, 0, now
+        if skipped:
+            msg, args = msg + " (and %d more since the last such line)", (*args, skipped)
+        logger.log(level, msg, *args)
+        return True
+
+
+class Dedupe:
+    """Lines already seen, for resuming a stream with a second-precision sinceTime; `floor`:
+    lines stamped at or before it were handled by an earlier operator process (its mark).
+    Lines of the latest second are remembered by (stamp, hash of the text), at most
+    MAX_DEDUPE of them: a log that writes more in one second (a flood) may have a few lines
+    counted twice after a reconnect in that second, which incident windows absorb (they count
+    each time once), instead of costing memory without bound."""
+
+    def __init__(self) -> None:
+        self.sec = 0
+        self.floor = 0
+        self.seen: set[tuple[int, int]] = set()
+
+    def fresh(self, ns: int, text: str) -> bool:
+        sec = ns // 1_000_000_000
+        key = (ns, hash(text))
+        if sec < self.sec or ns <= self.floor or key in self.seen:
+            return False
+        if sec > self.sec:
+            self.sec, self.seen = sec, set()
+        if len(self.seen) < MAX_DEDUPE:
+            self.seen.add(key)
+        return True
+
+
+class LineSplitter:
+    """Bytes to lines on b"\\n". A line longer than max_bytes keeps its first max_bytes (the
+    header and any signature are at its start); the rest is dropped up to its newline."""
+
+    def __init__(self, max_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._cut = False
+        self.truncated = 0  # lines cut so far
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines, start = [], 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            self._keep(chunk[start:end])
+            lines.append(self.rest())
+            start = end + 1
+        self._keep(chunk[start:])
+        return lines
+
+    def rest(self) -> bytes:
+        """The line so far (emptied)."""
+        line = b"".join(self._parts)
+        self.truncated += self._cut
+        self._parts, self._size, self._cut = [], 0, False
+        return line
+
+    def _keep(self, piece: bytes) -> None:
+        room = self.max_bytes - self._size
+        if len(piece) > room:
+            piece, self._cut = piece[:room], True
+        if piece:
+            self._parts.append(piece)
+            self._size += len(piece)
+
+
+ENDED, QUIET, ERROR = "ended", "quiet", "error"
+
+
+def retry_wait(outcome: str, delay: float, ran_for: float) -> tuple[float, float]:
+    """(seconds to wait now, the back-off for the next error) after a stream stopped.
+
+    ENDED: a clean end (the container exited): wait (at most this long) for the pod event
+    that says what came of it, instead of polling in a tight loop. QUIET: the read timeout of
+    a healthy idle stream:
+    reopen at once. ERROR: exponential back-off, started afresh after a stream that had run
+    for a while, so one old failure never slows detection after a quiet period."""
+    if outcome == ENDED:
+        return END_WAIT_S, RETRY_MIN_S
+    if outcome == QUIET:
+        return 0.0, RETRY_MIN_S
+    if ran_for > RETRY_MAX_S:
+        delay = RETRY_MIN_S
+    return delay, min(delay * 2, RETRY_MAX_S)
+
+
+class Sink(Protocol):
+    kube: Kube
+
+    def extra_signatures(self, namespace: str, owner: str) -> tuple: ...
+
+    def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None: ...
+
+    def follower_ended(self, follower: Follower) -> None: ...
+
+    def lookback_s(self, namespace: str, owner: str) -> float: ...
+
+    def write_mark(self, follower: Follower, mark: Mark) -> None: ...
+
+    def previous_unreadable(self, follower: Follower, reason: str) -> None: ...
+
+    def log_news(self, follower: Follower) -> None: ...
+
+
+
+def logging_prefix(pod: dict) -> str | None:
+    """The VLLM_LOGGING_PREFIX the pod's vllm container gets from its spec: "" when unset, None
+    when it comes from valueFrom (not knowable here; api/validation.py refuses that for
+    VLMDeployments). One set in the image's own ENV is not visible here either: see
+    signatures.foreign_header."""
+    container = next((c for c in (pod.get("spec") or {}).get("containers") or []
+                      if c.get("name") == children.CONTAINER), {})
+    for var in container.get("env") or []:
+        if var.get("name") == LOGGING_PREFIX_ENV:
+            return None if var.get("valueFrom") else str(var.get("value") or "")
+    return ""
+
+
+def _api_reason(exc: ApiException) -> str:
+    """An API error in one line: status, reason and the Status message, bounded."""
+    message = ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = str(json.loads(exc.body).get("message") or "")
+    text = f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return " ".join(text.split())[:300]
+
+
+class Follower(threading.Thread):
+    """Follows one pod's vllm container log until stopped or the pod is gone. The pod object
+    comes from the pod's watch events (`hand`), not from polling the apiserver."""
+
+    def __init__(self, sink: Sink, pod: dict, mark_every_s: float = MARK_EVERY_S) -> None:
+        meta = pod["metadata"]
+        super().__init__(daemon=True, name=f"logs {meta['namespace']}/{meta['name']}")
+        self.sink = sink
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.owner = owner_name(pod) or ""
+        self.pod = pod
+        self.mark_every_s = mark_every_s
+        self.stopped = threading.Event()
+        self.woken = threading.Event()  # a pod event came (hand) or the follower stops
+        self.restarts = restart_count(pod)
+        self.prefix = logging_prefix(pod)  # None: not known (from valueFrom)
+        self.extra: tuple[signatures.Signature, ...] = ()
+        self.scanner = signatures.Scanner((), self.prefix or "")
+        self.dedupe = Dedupe()
+        # what this container instance said about the tokenizer pool: "active", "inactive:
+        # <reason>" (any inactive line wins: one process's active line must not hide another's
+        # failure) or None (no startup line yet)
+        self.plugin: str | None = None
+        self.engine_dead_at: float | None = None
+        self.readable_before = False  # the resume mark says vLLM's header was seen before it
+        self.reading_since: float | None = None  # when this container's log began to be read
+        self.last_line_at: float | None = None  # when the stream last delivered a line
+        self._response = None
+        self._timer: threading.Timer | None = None
+        self._resumed = False  # the resume mark is looked at once, for the first container
+        self._previous = False  # reading the previous container's log now
+        self._container: str | None = None  # the containerID whose log is streamed
+        self._last_ns = 0  # stamp of the last line of the current container handled
+        self._marked_ns = 0  # ... when the last mark was written
+        self._mark_at = time.monotonic()
+        self._errors = Throttled()
+
+    @property
+    def readable(self) -> bool:
+        """A line with vLLM's header (under the pod's prefix) was seen in this container."""
+        return self.readable_before or self.scanner.headered > 0
+
+    def hand(self, pod: dict) -> None:
+        """The pod's latest state, from its watch event: look at it now."""
+        self.pod = pod
+        self.woken.set()
+
+    def recheck_at(self, when: float, fn) -> None:
+        """Call fn(self) at epoch time `when` (one pending recheck per follower)."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+        self._timer = threading.Timer(max(0.0, when - time.time()), fn, (self,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.woken.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        resp = self._response
+        if resp is not None:
+            with contextlib.suppress(Exception):  # best effort: the read timeout ends it anyway
+                resp.shutdown()
+
+    def run(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self.sink.follower_ended(self)
+
+    def _follow(self) -> None:
+        delay = RETRY_MIN_S
+        while not self.stopped.is_set():
+            self.woken.clear()  # before reading self.pod: an event from now on wakes the wait
+            pod = self.pod
+            opened, outcome = time.monotonic(), ERROR
+            try:
+                restarts = restart_count(pod)
+                if restarts > self.restarts:
+                    self._read_previous()
+                    self.restarts = restarts
+                    self._new_instance()
+                if not is_running(pod):
+                    if not self.woken.wait(NOT_RUNNING_RECHECK_S) and not self._still_there():
+                        return
+                    continue
+                self._resume(pod)
+                self._container = container_status(pod).get("containerID")
+                opened = time.monotonic()
+                if self.reading_since is None:
+                    self.reading_since = time.time()
+                    self.sink.log_news(self)  # the startup line's grace counts from now
+                self._stream(previous=False)
+                outcome = ENDED
+            except ReadTimeoutError:
+                outcome = QUIET
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 400:  # 400: container not started yet
+                    log.info("log of %s/%s: %s %s", self.namespace, self.name, exc.status,
+                             exc.reason)
+            except Exception as exc:  # never let one pod's stream kill the thread
+                if not self.stopped.is_set():
+                    log.info("log of %s/%s: %s; reconnecting", self.namespace, self.name, exc)
+            LOG_RECONNECTS.inc()
+            wait, delay = retry_wait(outcome, delay, time.monotonic() - opened)
+            if outcome == ENDED:
+                self._await_exit_news(wait)
+            else:
+                self.stopped.wait(wait)
+
+    def _await_exit_news(self, most_s: float) -> None:
+        """After a clean end (the container exited), wait for the pod event that says what came
+        of it (terminated, waiting, a new container) before the log is read again: a stream
+        opened while the pod still looked like the old container running would read the new
+        container's log as the old one's, and its restart would go unseen. A stream that ended
+        for another reason is reopened after most_s."""
+        deadline = time.monotonic() + most_s
+        while not self.stopped.is_set():
+            pod = self.pod
+            if (not is_running(pod) or restart_count(pod) > self.restarts
+                    or container_status(pod).get("containerID") != self._container):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.woken.wait(left):
+                return
+            self.woken.clear()
+
+    def _still_there(self) -> bool:
+        """The safety re-check of a pod not running that had no event for a long time: read
+        it once; False when it is gone (or another pod took its name)."""
+        pod = self.sink.kube.get("v1", "Pod", self.namespace, self.name)
+        if pod is None or pod["metadata"]["uid"] != self.uid:
+            return False
+        self.pod = pod
+        return True
+
+    def _read_previous(self) -> None:
+        """The previous container's log, read once. A log the kubelet will not serve (400: it
+        has no record of that container, e.g. ContainerStatusUnknown after a node restart) or
+        that still fails after PREVIOUS_ATTEMPTS reads is given up and reported: the current
+        container is followed in any case."""
+        reason = ""
+        for attempt in range(PREVIOUS_ATTEMPTS):
+            try:
+                self._stream(previous=True)
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise
+                reason = _api_reason(exc)
+                if exc.status == 400:
+                    break
+            except Exception as exc:  # a dropped or timed-out read: try again
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            if self.stopped.wait(min(RETRY_MAX_S, RETRY_MIN_S * 2 ** attempt)):
+                return
+        LOG_PREVIOUS_UNREADABLE.inc()
+        log.info("log of %s/%s: the previous container's log cannot be read (%s); following "
+                 "the current one", self.namespace, self.name, reason)
+        self.sink.previous_unreadable(self, reason)
+
+    def _new_instance(self) -> None:
+        """A new container instance: fresh scanner state; the dedupe mark stays (times only
+        grow), so a re-read of lines already counted never counts them again."""
+        self.scanner = signatures.Scanner(self.extra, self.prefix or "")
+        self.plugin = None
+        self.engine_dead_at = None
+        self.readable_before = False
+        self.reading_since = None
+        self._last_ns = self._marked_ns = 0
+
+    def _resume(self, pod: dict) -> None:
+        """Once, for the container running when the follower started: where its log was read
+        up to by an earlier operator process (the pod's resume mark), and what it said."""
+        if self._resumed:
+            return
+        self._resumed = True
+        since, mark = resume_point(
+            parse_mark((pod.get("metadata") or {}).get("annotations")),
+            container_status(pod).get("containerID"), time.time(),
+            min(MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
+        if mark is None:
+            return
+        self.dedupe.sec = max(self.dedupe.sec, since // 1_000_000_000)
+        self.dedupe.floor = since
+        self.plugin, self.engine_dead_at = mark.plugin, mark.engine_dead_at
+        self.readable_before = mark.readable
+
+    def _stream(self, previous: bool) -> None:
+        query = [("container", children.CONTAINER), ("timestamps", "true")]
+        query.append(("previous", "true") if previous else ("follow", "true"))
+        if self.dedupe.sec:
+            query.append(("sinceTime", since_time(self.dedupe.sec)))
+        api = self.sink.kube.api
+        params = api.param_serialize(
+            "GET", object_path("v1", "Pod", self.namespace, self.name) + "/log",
+            query_params=query, header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
+        response = api.call_api(*params, _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        raw = response.response
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException(http_resp=response)
+        self._response = raw
+        self._previous = previous
+        splitter = LineSplitter()
+        try:
+            for chunk in raw.stream(65536, decode_content=False):
+                if self.stopped.is_set():
+                    return
+                for line in splitter.feed(chunk):
+                    self._line(line.decode("utf-8", "replace"))
+            rest = splitter.rest()
+            if rest and previous:  # a dead container's last line may lack its newline
+                self._line(rest.decode("utf-8", "replace"))
+        finally:
+            LOG_LINES_TRUNCATED.inc(splitter.truncated)
+            self._response = None
+            self._previous = False
+            raw.release_conn()
+
+    def _line(self, line: str) -> None:
+        stamp, _, text = line.partition(" ")
+        ns = parse_stamp_ns(stamp)
+        if ns is None:  # not the kubelet's prefix: count it, scan it untimed
+            ns, text = 0, line
+        elif not self.dedupe.fresh(ns, text):
+            LOG_LINES_DEDUPLICATED.inc()
+            return
+        LOG_LINES.inc()
+        self.last_line_at = time.time()
+        readable = self.readable
+        try:
+            extra = self.sink.extra_signatures(self.namespace, self.owner)
+            if extra is not self.extra:  # the VLMDeployment's extraSignatures changed
+                self.extra = extra
+                self.scanner = signatures.Scanner(extra, self.prefix or "")
+            detections = self.scanner.feed(line)
+        except Exception as exc:  # a bad line must never stop the stream, nor flood our log
+            LOG_LINE_ERRORS.labels("scan").inc()
+            self._errors.log(log, logging.WARNING, "log of %s/%s: a line could not be scanned "
+                             "(%s: %.200s)", self.namespace, self.name, type(exc).__name__, exc)
+            return
+        for det in detections:
+            if det.new_incident:
+                self.sink.detected(self, det, ns / 1e9 if ns else time.time())
+        if not readable and self.readable:
+            self.sink.log_news(self)
+        if not self._previous and ns:
+            self._last_ns = ns
+            self._maybe_mark()
+
+    def _maybe_mark(self) -> None:
+        """Write the resume mark when mark_every_s has passed since the last one and lines
+        came since (the sink decides whether this replica writes marks)."""
+        now = time.monotonic()
+        if now - self._mark_at < self.mark_every_s or self._last_ns <= self._marked_ns:
+            return
+        if not self._container:
+            return
+        self._mark_at, self._marked_ns = now, self._last_ns
+        self.sink.write_mark(self, Mark(
+            self._container, self._last_ns,
+            self.plugin[:MAX_MARK_TEXT] if self.plugin else None, self.engine_dead_at,
+            self.readable))

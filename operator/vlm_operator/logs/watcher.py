@@ -1,0 +1,313 @@
+"""Log watching: a follower per managed pod (stream.py), detections counted into incidents
+(remediation/incidents.py), incidents handed to the Remediator (remediation/remediator.py), and
+what pod status alone shows (remediation.pod_findings).
+
+Pods are tracked from kopf pod events (no kopf daemon: daemons put a finalizer on every pod,
+which would keep pods Terminating whenever the operator is down). Acting twice is prevented by
+the Remediator (actions in flight are recorded on the VLMDeployment, incidents are acted on only
+inside their window, and the peering rule picks one operator replica).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator.api.reports import Event, Report
+from vlm_operator.k8s.kube import Kube
+from vlm_operator.logs import signatures, stream
+from vlm_operator.logs.stream import Follower, Mark, Throttled
+from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
+from vlm_operator.remediation import decide as remediation
+from vlm_operator.remediation import incidents
+from vlm_operator.remediation.remediator import Remediator
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeats(Protocol):
+    """Where the engine heartbeats the followers read go: stall detection's store
+    (stalls/watch.py's Heartbeats, which runner.py passes in)."""
+
+    def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
+             source: Follower) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
+
+class _NoHeartbeats:
+    """No stall detection reads them: heartbeats are dropped."""
+
+    def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
+             source: Follower) -> None:
+        pass
+
+    def forget(self, uid: str) -> None:
+        pass
+
+
+class LogWatch:
+    """Owns the followers; registered as a report provider on the Reconciler."""
+
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
+                 may_act: Callable[[str], bool] | None = None,
+                 replica_fits: Callable | None = None,
+                 leaving_nodes: Callable | None = None,
+                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S,
+                 node_drain_wait_s: float = remediation.NODE_DRAIN_WAIT_S,
+                 may_mark: Callable[[str], bool] | None = None,
+                 mark_every_s: float = stream.MARK_EVERY_S,
+                 heartbeats: Heartbeats | None = None) -> None:
+        """`reconcile(namespace, name)` publishes status after an action and logs its own errors
+        (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
+        (k8s/peering.py), None when it runs alone; `replica_fits(vlmd, pending)`: for surge
+        replacements; `leaving_nodes()`: for node drains (Remediator); `may_mark(namespace)`:
+        whether this replica writes the pods' resume marks (the active one: one writer; None
+        when it runs alone); `mark_every_s`: at most one mark per pod this often;
+        `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
+        self.kube = kube
+        self.heartbeats = heartbeats if heartbeats is not None else _NoHeartbeats()
+        self.reconcile = reconcile
+        self.may_mark = may_mark or (lambda namespace: True)
+        self.mark_every_s = mark_every_s
+        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark")}
+        self.windows = incidents.Windows()
+        self.remediator = Remediator(kube, reconcile, may_act=may_act, replica_fits=replica_fits,
+                                     engine_dead=self._engine_dead, leaving_nodes=leaving_nodes,
+                                     drain_timeout_s=drain_timeout_s,
+                                     node_drain_wait_s=node_drain_wait_s).start()
+        self._lock = threading.Lock()
+        self._followers: dict[str, Follower] = {}
+        self._findings: dict[tuple[str, str], dict[str, list[remediation.Finding]]] = {}
+        self._events_sent: set[str] = set()
+
+    # -- pod events (from kopf)
+    def observe(self, pod: dict, deleted: bool) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        with self._lock:
+            follower = self._followers.get(uid)
+            if deleted or meta.get("deletionTimestamp"):
+                if follower is not None and deleted:
+                    self._followers.pop(uid).stop()
+                elif follower is not None:  # terminating: its log is followed to the end
+                    follower.hand(pod)
+                return
+            if follower is None:
+                follower = self._followers[uid] = Follower(self, pod, self.mark_every_s)
+                follower.start()
+            else:
+                follower.hand(pod)  # the follower waits on these, it never polls the pod
+        self._pod_findings(follower, pod)
+        self.remediator.wake()  # readiness may have changed what a held incident waits for
+
+    def follower_ended(self, follower: Follower) -> None:
+        """The pod is gone (or stopped being followed): forget what was kept for it."""
+        with self._lock:
+            if self._followers.get(follower.uid) is follower:
+                del self._followers[follower.uid]
+            findings = self._findings.get((follower.namespace, follower.owner))
+            if findings is not None and follower.name in findings:
+                self._findings[(follower.namespace, follower.owner)] = {
+                    k: v for k, v in findings.items() if k != follower.name}
+            self._events_sent = {k for k in self._events_sent
+                                 if not k.startswith(follower.name + "/")}
+        self.windows.forget(follower.uid)
+        self.heartbeats.forget(follower.uid)
+        if follower.owner:
+            self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
+
+    def stop(self) -> None:
+        self.remediator.stop()
+        with self._lock:
+            for follower in self._followers.values():
+                follower.stop()
+            self._followers.clear()
+
+    def extra_signatures(self, namespace: str, name: str) -> tuple[signatures.Signature, ...]:
+        owner = self.remediator.known(namespace, name)
+        return owner.extra if owner is not None else ()
+
+    def spec_changed(self, namespace: str, name: str) -> None:
+        """Take the VLMDeployment's policy, signatures and actions in flight now; decide held
+        incidents again (a raised budget, a lower minAvailable); errors are only logged."""
+        try:
+            self.remediator.refresh(namespace, name)
+        except Exception as exc:  # the next detection refreshes again
+            log.info("policy refresh of %s/%s: %s", namespace, name, exc)
+        self.remediator.wake()
+
+    def reports(self, namespace: str, name: str) -> list[Report]:
+        out = self.remediator.reports(namespace, name)
+        with self._lock:
+            findings = self._findings.get((namespace, name)) or {}
+        return out + [r for r in (remediation.unpatched_report(findings),
+                                  remediation.log_detection_report(findings)) if r]
+
+    def failing_pods(self, namespace: str, name: str) -> set[str]:
+        """Pods of a VLMDeployment with a failure signature inside its window or a pod-status
+        finding: the autoscaler removes these first when it scales down. Asked every second
+        per Builtin VLMDeployment: only pods with incident times are looked at, not every
+        followed pod (thousands)."""
+        candidates = self.windows.uids()
+        with self._lock:
+            pods = [f for uid in candidates if (f := self._followers.get(uid)) is not None
+                    and f.namespace == namespace and f.owner == name]
+            findings = self._findings.get((namespace, name)) or {}
+        out = {pod for pod, found in findings.items()
+               if any(f.kind != remediation.LOG_DETECTION_OFF for f in found)}
+        owner = self.remediator.known(namespace, name)
+        policy = owner.policy if owner is not None else None
+        if policy is not None:
+            now = time.time()
+            out |= {f.name for f in pods for key, rule in policy.rules.items()
+                    if self.windows.count(f.uid, key, now, rule.window_s)}
+        return out
+
+    def _engine_dead(self, uid: str) -> bool:
+        with self._lock:
+            follower = self._followers.get(uid)
+        return follower is not None and follower.engine_dead_at is not None
+
+    def _pod_findings(self, follower: Follower, pod: dict) -> bool:
+        now = time.time()
+        found = remediation.pod_findings(
+            pod, now=now, engine_dead_at=follower.engine_dead_at, plugin=follower.plugin,
+            log_off=_log_off(follower), log_unread=_log_unread(follower),
+            reading_since=follower.reading_since)
+        with self._lock:
+            by_pod = self._findings.get((follower.namespace, follower.owner)) or {}
+            changed = found != by_pod.get(follower.name)
+            self._findings[(follower.namespace, follower.owner)] = {**by_pod,
+                                                                    follower.name: found}
+            new = [f for f in found if f.key not in self._events_sent]
+            self._events_sent.update(f.key for f in new)
+        due = remediation.unpatched_due(pod, plugin=follower.plugin,
+                                        reading_since=follower.reading_since)
+        if due is not None and due > now:  # no pod event comes when the grace runs out
+            follower.recheck_at(due + 1, self._recheck)
+        for finding in new:
+            self.remediator._post(follower.namespace, follower.owner, pod,
+                                  Event("Warning", finding.kind, finding.message))
+        return changed
+
+    def _recheck(self, follower: Follower) -> None:
+        """Findings again (a grace ran out, or the plugin's line came): status if they changed."""
+        if follower.stopped.is_set() or not follower.owner:
+            return
+        try:
+            if self._pod_findings(follower, follower.pod):
+                self.reconcile(follower.namespace, follower.owner)
+        except Exception as exc:
+            self._errors["findings"].log(log, logging.WARNING, "findings of %s/%s failed: %s",
+                                         follower.namespace, follower.name, exc)
+
+    # -- from follower threads
+    def lookback_s(self, namespace: str, name: str) -> float:
+        """How much log before now a fresh follower re-reads: the longest window of the
+        VLMDeployment's log signatures (its spec is read if it is not known yet), so counts in
+        a window survive an operator restart; MAX_REPLAY_S when it cannot be read."""
+        owner = self.remediator.known(namespace, name)
+        if owner is None or owner.policy is None:
+            try:
+                self.remediator.refresh(namespace, name)
+            except Exception as exc:  # unknown: the longest replay
+                log.info("policy of %s/%s: %s", namespace, name, exc)
+            owner = self.remediator.known(namespace, name)
+        policy = owner.policy if owner is not None else None
+        if policy is None:
+            return stream.MAX_REPLAY_S
+        keys = {key for signature, key in policy.signature_policy.items()
+                if signature not in remediation.NOT_FROM_LOG}
+        return max((rule.window_s for key, rule in policy.rules.items() if key in keys),
+                   default=0.0)
+
+    def write_mark(self, follower: Follower, mark: Mark) -> None:
+        """The follower's resume mark on its pod (only from the replica that acts)."""
+        if not self.may_mark(follower.namespace):
+            return
+        try:
+            self.kube.patch_pod(follower.namespace, follower.name,
+                                annotations={stream.LOG_MARK: mark.value()})
+            LOG_MARKS.labels("written").inc()
+        except Exception as exc:  # the next mark tries again; a restart then reads more
+            LOG_MARKS.labels("error").inc()
+            reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else exc
+            self._errors["mark"].log(log, logging.WARNING, "resume mark on %s/%s: %s",
+                                     follower.namespace, follower.name, reason)
+
+    def previous_unreadable(self, follower: Follower, reason: str) -> None:
+        """The previous container's log could not be read: say so on the pod and its
+        VLMDeployment (what it logged before it ended is not known)."""
+        if not follower.owner:
+            return
+        self.remediator._post(follower.namespace, follower.owner, follower.pod, Event(
+            "Warning", "PreviousLogUnavailable",
+            f"{follower.name}: the log of the vllm container before its restart cannot be read "
+            f"({reason}); what it logged before it ended is not known (a failure it showed "
+            "is not acted on); the current container is followed"))
+
+    def log_news(self, follower: Follower) -> None:
+        """The follower began reading this container's log, or its first line with vLLM's
+        header came: findings again (and the timer for the startup line's grace)."""
+        self._recheck(follower)
+
+    # -- detections (from follower threads)
+    def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
+        DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
+        if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
+            proc = det.line.proc if det.line is not None and det.line.proc else "engine"
+            self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower)
+            return
+        if det.signature in ("plugin_active", "plugin_inactive"):
+            was = follower.plugin
+            if det.signature == "plugin_inactive":
+                if not (was or "").startswith("inactive"):  # the first reason is kept: a
+                    # flood of distinct reasons must not make every line a status change
+                    follower.plugin = "inactive: " + det.fields.get("reason", "")
+            elif was is None:  # an inactive line from any process wins
+                follower.plugin = "active"
+            if follower.plugin != was:
+                self._recheck(follower)
+            return
+        if det.signature == "engine_dead":
+            follower.engine_dead_at = t
+        if not follower.owner:
+            return
+        try:
+            self.remediator.report(
+                follower.namespace, follower.owner, uid=follower.uid, pod=follower.name,
+                signature=det.signature, t=t,
+                count=lambda key, window_s: self.windows.add(follower.uid, key, t, window_s))
+        except Exception as exc:  # an API error must not kill the stream, nor flood our log
+            LOG_LINE_ERRORS.labels("detect").inc()
+            reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else exc
+            self._errors["detect"].log(log, logging.WARNING, "remediation for %s/%s failed: "
+                                       "%s: %.200s", follower.namespace, follower.name,
+                                       type(exc).__name__, reason)
+
+
+def _log_off(follower: Follower) -> str | None:
+    """Why log detection is off for this pod whatever its log holds, else None."""
+    if follower.prefix is None:
+        return ("its VLLM_LOGGING_PREFIX comes from valueFrom, so the operator cannot find "
+                "vLLM's log header")
+    return None
+
+
+def _log_unread(follower: Follower) -> str | None:
+    """What the log of a pod looks like while no line with vLLM's header was seen in it (None:
+    one was): once the pod is ready this is why log detection is off."""
+    if follower.readable:
+        return None
+    if follower.scanner.foreign:
+        return ("its lines show vLLM's header behind a prefix the operator was not told "
+                "(VLLM_LOGGING_PREFIX set in the image?): set the same VLLM_LOGGING_PREFIX in "
+                "spec.vllm.env")
+    return ("no line in vLLM's log format was seen (a custom VLLM_LOGGING_CONFIG_PATH or "
+            "logging config, or vLLM logging nothing at the levels the operator reads)")

@@ -1,0 +1,162 @@
+"""autoscaler.Autoscaler, the acting side, on a recording stand-in for Kube: a view of the
+VLMDeployment older than the autoscaler's own last write is read afresh instead of acted on
+again, and a running pod that is not Ready is never taken for an idle, loading one."""
+
+import json
+
+import pytest
+
+from vlm_operator.api.validation import parse
+from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
+from vlm_operator.engine.reader import Scrape
+from vlm_operator.k8s import nodes as gpu_budget
+from vlm_operator.remediation import incidents
+from vlm_operator.remediation.incidents import REPLACE
+
+
+class Kube:
+    def __init__(self, body):
+        self.body, self.calls = body, []
+
+    def get_vlmd(self, namespace, name):
+        self.calls.append(("get",))
+        return self.body
+
+    def scale_vlmd(self, namespace, name, replicas):
+        self.calls.append(("scale", replicas))
+
+    def delete(self, api_version, kind, namespace, name, uid=None, grace_s=None):
+        self.calls.append(("delete", name))
+
+    def patch_pod(self, namespace, name, labels=None, annotations=None):
+        self.calls.append(("mark", name))
+
+    def patch_vlmd_status(self, namespace, name, status):
+        pass
+
+    def post_event(self, involved, event):
+        pass
+
+
+class Cluster:
+    def start_budget(self):
+        pass
+
+
+def vlmd(replicas, rv):
+    return {"apiVersion": "serving.vlm-operator.dev/v1alpha1", "kind": "VLMDeployment",
+            "metadata": {"namespace": "ns", "name": "m", "resourceVersion": rv},
+            "spec": {"model": "m", "image": "vllm/vllm-openai:v0.20.2", "replicas": replicas,
+                     "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                                     "scaleDownDelaySeconds": 0}}}
+
+
+def pod(name, ready=True, started=True, draining_since=None):
+    meta = {"name": name, "uid": f"uid-{name}", "labels": {}, "annotations": {},
+            "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if draining_since is not None:
+        meta["labels"]["serving.vlm-operator.dev/in-service"] = "false"
+        meta["annotations"][a.DRAIN_SINCE] = f"{draining_since:.3f}"
+    return {"metadata": meta, "spec": {"nodeName": "n"}, "status": {
+        "podIP": "127.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "vllm", "started": started,
+                               "state": {"running": {}} if started else {"waiting": {}}}]}}
+
+
+IDLE = Scrape(values={"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0})
+
+
+def test_a_stale_view_is_read_afresh_not_acted_on_again():
+    stale = vlmd(2, "10")
+    kube = Kube(stale)
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    pods = [pod("a"), pod("b", draining_since=990.0)]  # b drained: it goes, replicas 2 -> 1
+    scaler.tick(stale, pods, {"a": IDLE, "b": IDLE})
+    assert kube.calls == [("delete", "b"), ("scale", 1)]
+    # kopf has not delivered the new replica count: the same view comes back with a fresh
+    # replacement pod the ReplicaSet made meanwhile; acting on it would drain and delete again
+    kube.calls.clear()
+    kube.body = vlmd(1, "11")
+    scaler.tick(stale, [pod("a"), pod("c", ready=False, started=False)], {"a": IDLE})
+    assert ("get",) in kube.calls
+    assert not [c for c in kube.calls if c[0] in ("delete", "scale", "mark")], kube.calls
+
+
+def test_a_running_pod_that_is_not_ready_is_read_not_loading():
+    assert _pod_state(pod("loading", ready=False, started=False)) == a.LOADING
+    assert _pod_state(pod("unready", ready=False, started=True)) == a.READY
+    # so an unreadable one is UNKNOWN, never drained at once or picked to go
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler.tick(kube.body, [pod("a"), pod("busy", ready=False, draining_since=900.0)],
+                {"a": IDLE, "busy": Scrape(error="timeout")})
+    assert ("delete", "busy") not in kube.calls
+
+
+@pytest.mark.parametrize("error", ["unreachable", "timeout", "too_large", "redirect",
+                                   "bad_answer", "http_error", "busy"])
+def test_a_draining_pod_that_cannot_be_read_is_never_drained(error):
+    """Whatever kept its /metrics from being read (a refused or dropped connection, an answer
+    outside the operator's limits, no worker free this round), its load is unknown, not 0."""
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler.tick(kube.body, [pod("a"), pod("b", draining_since=990.0)],
+                {"a": IDLE, "b": Scrape(error=error)})
+    assert ("delete", "b") not in kube.calls
+
+
+def test_failing_pods_are_asked_once_a_round_and_picked_first():
+    """The log watcher's failing pods (remove first) are asked once per round, not once per
+    pod: the question walks the watcher's state, every second per Builtin VLMDeployment."""
+    kube = Kube(vlmd(3, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    asked = []
+    scaler.failing_pods = lambda namespace, name: asked.append(name) or {"b"}
+    pods = [pod("a"), pod("b"), pod("c")]
+    scaler.tick(kube.body, pods, {p["metadata"]["name"]: IDLE for p in pods})
+    assert asked == ["m"]
+    assert ("mark", "b") in kube.calls  # idle at 3 replicas: the failing one is drained first
+
+
+class Budget(Cluster):
+    """One node with 2 GPUs, `free` of them free."""
+
+    def __init__(self, free):
+        self.free = free
+
+    def budget(self):
+        return ([gpu_budget.Node("n", {}, (), {"nvidia.com/gpu": 2})],
+                {"n": {"nvidia.com/gpu": self.free}})
+
+
+def surging(body, sick="a", before=("uid-a", "uid-b")):
+    """A Replace of `sick` in flight, its surge begun when the pods `before` were there."""
+    record = {"action": REPLACE, "pod": sick, "signature": "tokenizer_retry", "incident": 1.0,
+              "since": 1.0, "replicas": 2, "before": list(before)}
+    body["metadata"]["annotations"] = {incidents.IN_FLIGHT: json.dumps({f"uid-{sick}": record})}
+    return body
+
+
+def test_a_surge_replacement_is_not_counted_as_a_granted_replica():
+    """The replacement's GPU stands in for its sick pod's: counting it as one of the bound
+    replicas granted a third replica with no GPU free."""
+    body = surging(vlmd(2, "1"))
+    kube = Kube(body)
+    clock = iter(range(1000, 1010))
+    scaler = Autoscaler(kube, clock=lambda: float(next(clock)), cluster=Budget(free=0))
+    busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
+    pods = [pod("a"), pod("b"), pod("x", ready=False, started=False)]  # x: the replacement
+    for _ in range(3):
+        decision = scaler.tick(body, pods, {"a": busy, "b": busy})
+    assert ("scale", 3) not in kube.calls
+    assert decision.desired == 2 and decision.reason == "ScalingLimited"
+
+
+def test_replica_fits_leaves_the_pending_claims_their_gpus():
+    vlmd_ = parse(vlmd(2, "1"))
+    scaler = Autoscaler(Kube({}), cluster=Budget(free=1))
+    assert scaler.replica_fits(vlmd_) and scaler.replica_fits(vlmd_, 0)
+    assert not scaler.replica_fits(vlmd_, 1)  # a surge not on a node yet takes the free GPU
+    assert Autoscaler(Kube({}), cluster=Budget(free=2)).replica_fits(vlmd_, 1)

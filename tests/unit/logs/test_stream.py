@@ -1,0 +1,366 @@
+"""stream.py: line splitting with a bounded buffer, resume de-duplication, the kubelet's
+timestamps, and when a follower reconnects."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vlm_operator.logs.stream import (
+    END_WAIT_S,
+    ENDED,
+    ERROR,
+    QUIET,
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    Dedupe,
+    LineSplitter,
+    parse_stamp_ns,
+    retry_wait,
+)
+
+
+def test_lines_split_on_newline_only_and_keep_carriage_returns():
+    s = LineSplitter()
+    assert s.feed(b"a\r\nb") == [b"a\r"]
+    assert s.feed(b"c\n\n") == [b"bc", b""]
+    assert s.rest() == b""
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(4, 30))
+def test_split_equals_bytes_split_with_long_lines_cut(chunks, limit):
+    s = LineSplitter(limit)
+    got = [line for chunk in chunks for line in s.feed(chunk)] + [s.rest()]
+    want = b"".join(chunks).split(b"\n")
+    assert got == [line[:limit] for line in want]
+    assert s.truncated == sum(len(line) > limit for line in want)
+
+
+def test_an_endless_line_holds_bounded_memory():
+    """Defect: `rest + chunk` grew one buffer per chunk (quadratic) for a line with no
+    newline; now at most max_bytes are kept, and the line arrives cut to its start."""
+    s = LineSplitter(1024)
+    head = b"ERROR 11-30 19:00:00 [core.py:1] EngineCore encountered a fatal error."
+    assert s.feed(head) == []
+    for _ in range(2000):  # 128 MB of one line
+        assert s.feed(b"x" * 65536) == []
+        assert s._size <= 1024
+    (line,) = s.feed(b"tail\n")
+    assert line.startswith(head) and len(line) == 1024 and s.truncated == 1
+
+
+def test_dedupe_drops_replayed_lines_of_the_resumed_second():
+    d = Dedupe()
+    assert d.fresh(5_000_000_001, "a") and d.fresh(5_000_000_002, "b")
+    assert not d.fresh(5_000_000_001, "a")  # the same line again after a resume
+    assert d.fresh(5_000_000_001, "c")  # same second, new text
+    assert d.fresh(6_000_000_000, "d") and not d.fresh(5_900_000_000, "e")  # older second
+
+
+def test_stamp_parsing():
+    assert parse_stamp_ns("2026-11-30T19:00:00.123456789Z") == 1796065200_123456789
+    assert parse_stamp_ns("2026-11-30T19:00:00Z") == 1796065200_000000000
+    assert parse_stamp_ns("2026-11-30T20:00:00.5+01:00") == 1796065200_500000000
+    assert parse_stamp_ns("INFO") is None
+
+
+def test_retry_wait():
+    # a clean end (container exit) waits for the pod's event instead of polling the apiserver
+    assert retry_wait(ENDED, 8.0, 0.1) == (END_WAIT_S, RETRY_MIN_S) and END_WAIT_S > 0
+    # the read timeout of a quiet, healthy stream: reopen now, back-off starts afresh
+    assert retry_wait(QUIET, 8.0, 120.0) == (0.0, RETRY_MIN_S)
+    # errors back off exponentially up to a cap...
+    delay, waits = RETRY_MIN_S, []
+    for _ in range(8):
+        wait, delay = retry_wait(ERROR, delay, 0.1)
+        waits.append(wait)
+    assert waits[:3] == [RETRY_MIN_S, 2 * RETRY_MIN_S, 4 * RETRY_MIN_S]
+    assert max(waits) == RETRY_MAX_S
+    # ...but an error after a stream that had run a while starts from the minimum again
+    assert retry_wait(ERROR, RETRY_MAX_S, RETRY_MAX_S + 1)[0] == RETRY_MIN_S
+
+
+# ---------------------------------------------------------------- a follower against a stub API
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+from vlm_operator.logs import stream  # noqa: E402
+from vlm_operator.logs.stream import (  # noqa: E402
+    LOG_MARK,
+    Follower,
+    Mark,
+    Throttled,
+    parse_mark,
+    resume_point,
+)
+
+STAMP = "2026-11-30T19:00:00.000000001Z"
+ACTIVE = ("(APIServer pid=1) INFO 11-30 19:00:00 [plugin.py:54] vlm-tokenizer-pool active: "
+          "vllm=0.32.0 pool_size=3 patched=x")
+
+
+def pod_of(state="running", restarts=0, container="cri://a", env=(), annotations=None):
+    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u",
+                         "annotations": annotations or {},
+                         "labels": {"app.kubernetes.io/instance": "demo"}},
+            "spec": {"containers": [{"name": "vllm", "env": list(env)}]},
+            "status": {"containerStatuses": [{"name": "vllm", "restartCount": restarts,
+                                              "containerID": container,
+                                              "state": {state: {}}}]}}
+
+
+class Stream:
+    """What urllib3 hands the follower for a pods/log request: the body, then its end."""
+
+    status = 200
+
+    def __init__(self, lines):
+        self.response = self
+        self.body = b"".join(f"{STAMP} {line}\n".encode() for line in lines)
+
+    def stream(self, size, decode_content=False):
+        yield self.body
+
+    def release_conn(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+class Api:
+    """The apiserver as the follower's log requests see it: `answer(query)` returns a Stream or
+    raises; every request is recorded."""
+
+    def __init__(self, answer):
+        self.answer, self.requests = answer, []
+
+    def param_serialize(self, method, path, query_params, header_params, auth_settings):
+        return method, path, query_params
+
+    def call_api(self, method, path, query, _request_timeout=None):
+        self.requests.append(dict(query))
+        return self.answer(dict(query))
+
+
+class Sink:
+    def __init__(self, answer=lambda q: Stream([])):
+        self.kube = self
+        self.api = Api(answer)
+        self.gets, self.marks, self.unreadable, self.ended = 0, [], [], threading.Event()
+
+    def get(self, *args):  # Kube.get: the follower must not poll pods
+        self.gets += 1
+        return None
+
+    def extra_signatures(self, namespace, owner):
+        return ()
+
+    def detected(self, follower, det, t):
+        if det.signature == "plugin_active":
+            follower.plugin = "active"
+
+    def follower_ended(self, follower):
+        self.ended.set()
+
+    def lookback_s(self, namespace, owner):
+        return 60.0
+
+    def write_mark(self, follower, mark):
+        self.marks.append(mark)
+
+    def previous_unreadable(self, follower, reason):
+        self.unreadable.append(reason)
+
+    def log_news(self, follower):
+        pass
+
+
+def until(what, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_pod_that_is_not_running_costs_no_requests_until_its_next_event():
+    """A Pending or crash-looping pod's follower GOT the pod twice a second for ever (100
+    Pending pods: 200 requests/s). It now waits for the pod's watch event."""
+    sink = Sink()
+    follower = Follower(sink, pod_of(state="waiting"))
+    follower.start()
+    try:
+        time.sleep(1.5)  # what main did meanwhile: 3 GETs
+        assert (sink.gets, sink.api.requests) == (0, [])
+        follower.hand(pod_of())  # the event that says it runs
+        until("the log stream opened", lambda: sink.api.requests)
+        assert sink.api.requests[0]["follow"] == "true" and sink.gets == 0
+    finally:
+        follower.stop()
+    assert sink.ended.wait(5)
+
+
+def test_a_refused_previous_log_is_reported_and_the_current_container_followed():
+    """previous=true answered 400 (the kubelet lost the old container: ContainerStatusUnknown
+    after a node restart); the follower retried it for ever and never read the new one."""
+    restarted = threading.Event()
+
+    def answer(query):
+        if query.get("previous") == "true":
+            restarted.set()
+            exc = ApiException(status=400, reason="Bad Request")
+            exc.body = json.dumps({"message": 'previous terminated container "vllm" in pod "p" '
+                                              "not found"})
+            raise exc
+        return Stream([ACTIVE] if restarted.is_set() else [])  # the new container's line
+
+    sink = Sink(answer)
+    follower = Follower(sink, pod_of())
+    follower.start()
+    try:
+        follower.hand(pod_of(restarts=1, container="cri://b"))
+        until("the current container read", lambda: follower.plugin == "active")
+    finally:
+        follower.stop()
+    previous = [q for q in sink.api.requests if q.get("previous")]
+    assert len(previous) == 1  # not retried: the kubelet said it has no such container
+    assert sink.unreadable == ['400 Bad Request: previous terminated container "vllm" in pod '
+                               '"p" not found']
+
+
+def test_the_pods_logging_prefix_is_used():
+    """VLLM_LOGGING_PREFIX in the pod's env: without it every line lost its header and every
+    signature (and the plugin's startup line) was missed."""
+    sink = Sink()
+    prefixed = Follower(sink, pod_of(env=[{"name": "VLLM_LOGGING_PREFIX", "value": "[v] "}]))
+    prefixed._line(f"{STAMP} [v] {ACTIVE}")
+    assert prefixed.plugin == "active" and prefixed.readable
+    unknown = Follower(sink, pod_of(env=[{"name": "VLLM_LOGGING_PREFIX", "valueFrom": {
+        "configMapKeyRef": {"name": "c", "key": "k"}}}]))
+    assert unknown.prefix is None
+    told_nothing = Follower(sink, pod_of())
+    told_nothing._line(f"{STAMP} [v] {ACTIVE}")
+    assert told_nothing.plugin is None and not told_nothing.readable
+    assert told_nothing.scanner.foreign == 1  # for the report: it looks like vLLM's log
+
+
+def test_a_line_the_matcher_fails_on_is_counted_and_logged_once_a_minute(caplog, monkeypatch):
+    sink = Sink()
+    follower = Follower(sink, pod_of())
+
+    def boom(line):
+        raise ValueError("bad line")
+
+    monkeypatch.setattr(follower.scanner, "feed", boom)
+    before = stream.LOG_LINE_ERRORS.labels("scan")._value.get()
+    with caplog.at_level(logging.INFO, logger="vlm_operator.logs.stream"):
+        for i in range(100):
+            follower._line(f"{STAMP} line {i}")
+    assert stream.LOG_LINE_ERRORS.labels("scan")._value.get() - before == 100
+    records = [r for r in caplog.records if r.name == "vlm_operator.logs.stream"]
+    assert len(records) == 1 and records[0].exc_info is None
+    assert "could not be scanned (ValueError: bad line)" in records[0].getMessage()
+
+
+def test_throttled_counts_what_it_holds_back(caplog):
+    t = Throttled(every_s=3600)
+    logger = logging.getLogger("t")
+    with caplog.at_level(logging.INFO, logger="t"):
+        assert t.log(logger, logging.INFO, "x %s", 1)
+        assert not any(t.log(logger, logging.INFO, "x %s", i) for i in range(5))
+        t._last -= 3600
+        assert t.log(logger, logging.INFO, "x %s", 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "x 1", "x 2 (and 5 more since the last such line)"]
+
+
+def test_the_resume_mark_round_trip_and_where_a_fresh_follower_starts():
+    at = 1796065200_123456789
+    mark = Mark("cri://a", at, "inactive: HfRenderer not found", 1796065100.5, True)
+    assert json.loads(mark.value())["time"] == "2026-11-30T19:00:00.123456789Z"
+    assert parse_mark({LOG_MARK: mark.value()}) == mark
+    now = 1796065200 + 3600.0
+    # the mark is old: resume after it (nothing after it was handled)
+    assert resume_point(mark, "cri://a", now, 60) == (at, mark)
+    # the mark is recent: go back far enough to refill the incident windows
+    assert resume_point(mark, "cri://a", 1796065210.0, 60)[0] == 1796065150_000000000 - 1
+    # another container's mark, none, or one from the future: from the container's start
+    assert resume_point(mark, "cri://b", now, 60) == (None, None)
+    assert resume_point(None, "cri://a", now, 60) == (None, None)
+    assert resume_point(mark, "cri://a", at / 1e9 - 3600, 60) == (None, None)
+
+
+@pytest.mark.parametrize("raw", ["", "{", "[]", '{"container": "a"}', '{"time": "x"}',
+                                 json.dumps({"container": "a", "time": "y" * 5000})])
+def test_an_unreadable_mark_is_no_mark(raw):
+    assert parse_mark({LOG_MARK: raw}) is None
+
+
+def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
+    """An operator restart re-read the whole log from the container's start (and a pod that
+    floods its log made every restart replay all of it); with the mark, only what follows it
+    and the last incident window are read, and the plugin state comes from the mark."""
+    mark = Mark("cri://a", (int(time.time()) - 3600) * 1_000_000_000 + 5, "active", None, True)
+    sink = Sink()
+    follower = Follower(sink, pod_of(annotations={LOG_MARK: mark.value()}))
+    follower.start()
+    try:
+        until("the log stream opened", lambda: sink.api.requests)
+    finally:
+        follower.stop()
+    assert sink.api.requests[0]["sinceTime"] == stream.since_time(mark.ns // 1_000_000_000)
+    assert follower.plugin == "active" and follower.readable
+    # the lines of that second up to the mark were handled before; the ones after were not
+    assert not follower.dedupe.fresh(mark.ns, "handled")
+    assert follower.dedupe.fresh(mark.ns + 1, "new")
+
+
+def test_marks_are_written_at_a_bounded_rate_for_the_current_container():
+    sink = Sink()
+    follower = Follower(sink, pod_of(), mark_every_s=3600)
+    follower._container = "cri://a"
+    for i in range(50):
+        follower._line(f"2026-11-30T19:00:{i:02d}.5Z line {i}")
+    assert sink.marks == []  # not before mark_every_s
+    follower._mark_at -= 3600
+    for i in range(50):
+        follower._line(f"2026-11-30T19:01:{i:02d}.5Z line {i}")
+    assert [(m.container, m.ns) for m in sink.marks] == [("cri://a", 1796065260_500000000)]
+
+
+def test_after_a_container_exit_the_log_is_read_again_only_once_its_pod_event_came():
+    """The stream ends when the container exits; reopened while the pod still looked like the
+    old container running, it would read the new container's log as the old one's and never
+    read the previous log. The follower waits for the pod event first."""
+    sink = Sink()  # every stream ends at once, as the exited container's does
+    follower = Follower(sink, pod_of())
+    follower.start()
+    try:
+        until("the first stream", lambda: sink.api.requests)
+        time.sleep(1.0)
+        assert len(sink.api.requests) == 1  # no reopening on a stale "running"
+        follower.hand(pod_of(restarts=1, container="cri://b"))
+        until("the previous log, then the new container's",
+              lambda: len(sink.api.requests) >= 3)
+    finally:
+        follower.stop()
+    assert [("previous" in q, "follow" in q) for q in sink.api.requests[:3]] == [
+        (False, True), (True, False), (False, True)]
+
+
+def test_dedupe_memory_is_bounded_in_a_flood_second():
+    """A pod that writes 200,000 lines in one second: every (stamp, text) of the second was
+    kept until the next second."""
+    d = Dedupe()
+    for i in range(200_000):
+        assert d.fresh(5_000_000_000 + i, "x" * 100 + str(i))
+    assert len(d.seen) == stream.MAX_DEDUPE
+    assert not d.fresh(5_000_000_000, "x" * 100 + "0")  # remembered: dropped on a replay

@@ -1,0 +1,166 @@
+"""Log watching: which pods the autoscaler should remove first, and what the plugin lines say."""
+
+import time
+
+from vlm_operator.logs.watcher import Follower, LogWatch
+from vlm_operator.remediation import decide as remediation
+from vlm_operator.stalls.watch import Heartbeats
+
+
+def pod(name, owner="demo", ns="ml"):
+    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}",
+                         "labels": {"app.kubernetes.io/instance": owner}}}
+
+
+def test_failing_pods_from_windows_and_findings():
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        for name in ("a", "b", "c"):
+            watch._followers[f"uid-{name}"] = Follower(watch, pod(name))  # not started
+        watch._followers["uid-x"] = Follower(watch, pod("x", owner="other"))
+        assert watch.failing_pods("ml", "demo") == set()  # no policy read yet: nothing known
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        assert watch.failing_pods("ml", "demo") == set()
+        now = time.time()
+        watch.windows.add("uid-a", "tokenizerRetry", now - 1, 60)
+        watch.windows.add("uid-x", "tokenizerRetry", now - 1, 60)  # another VLMDeployment's
+        watch.windows.add("uid-b", "engineDead", now - 3600, 60)  # long out of its window
+        watch._findings[("ml", "demo")] = {
+            "c": [remediation.Finding("CrashLoopBackOff", "c: crash", "c/crash")]}
+        assert watch.failing_pods("ml", "demo") == {"a", "c"}
+        assert watch.failing_pods("ml", "nobody") == set()
+    finally:
+        watch.stop()
+
+
+def test_any_inactive_plugin_line_makes_the_pod_unpatched():
+    """One process's `active` line must not hide another's `inactive`: the
+    API server pooled its tokenizer, the engine core could not."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
+        env = {"VLM_TOKENIZER_POOL_SIZE": "5"}
+        active = vllmsim.plugin_line("0.20.2", "APIServer", 1, env)
+        inactive = vllmsim.plugin_line("0.20.2", "EngineCore", 2,
+                                       {**env, "VLM_SIM_PATCHED": "inactive"})
+        follower._line(active)
+        assert follower.plugin == "active"
+        follower._line(inactive)
+        follower._line(active)  # a later active line from another process
+        assert follower.plugin.startswith("inactive")
+        assert remediation.pod_findings({}, now=0, engine_dead_at=None,
+                                        plugin=follower.plugin)[0].kind == "Unpatched"
+    finally:
+        watch.stop()
+
+
+def test_failing_pods_look_only_at_pods_with_incidents():
+    """Asked every second per Builtin VLMDeployment: it must not walk every followed pod. A
+    follower without incident times is never looked at (here: its owner attribute would
+    raise), and a pod forgotten by the windows is no candidate."""
+
+    class Untouchable(Follower):
+        @property
+        def owner(self):
+            raise AssertionError("a pod without incidents was looked at")
+
+        @owner.setter
+        def owner(self, value):
+            pass
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        watch._followers["uid-a"] = Follower(watch, pod("a"))
+        for i in range(50):
+            watch._followers[f"uid-q{i}"] = Untouchable(watch, pod(f"q{i}"))
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        watch.windows.add("uid-a", "tokenizerRetry", time.time() - 1, 60)
+        assert watch.windows.uids() == {"uid-a"}
+        assert watch.failing_pods("ml", "demo") == {"a"}
+        watch.windows.forget("uid-a")
+        assert watch.windows.uids() == set() and watch.failing_pods("ml", "demo") == set()
+    finally:
+        watch.stop()
+
+
+def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
+    """Heartbeat lines go to the store stall detection reads (no incident, no API call),
+    keyed by the container instance and the engine process; the pod's log is noted as live."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None, heartbeats=Heartbeats())
+    try:
+        follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
+        for pid, steps in ((7, 3), (8, 9)):
+            follower._line("2026-12-01T20:58:03.123Z " + vllmsim.engine_heartbeat_line(
+                "0.32.0", pid, 5, (steps, 1, 2.5, 2048, 1, 0)))
+        follower._line("2026-12-01T20:58:04.000Z (APIServer pid=1) INFO 12-01 20:58:04 "
+                       "[api_server.py:1] something else")
+        beats, line_at = watch.heartbeats.of("u", 0)
+        assert list(beats) == ["EngineCore"]  # one engine process name: the later pid wins
+        b = beats["EngineCore"]
+        assert (b.steps, b.in_flight, b.step_s, b.step_tokens, b.every) == (9, 1, 2.5, 2048, 5)
+        assert line_at is not None and line_at >= b.at
+        assert watch.heartbeats.of("u", 1) == ({}, None)  # another container instance
+        assert watch.remediator.known("ml", "") is None  # nothing was reported
+        watch.follower_ended(follower)
+        assert watch.heartbeats.of("u", 0) == ({}, None)
+    finally:
+        watch.stop()
+
+
+def test_a_fresh_follower_rereads_the_longest_log_window_only():
+    """Counts in an incident window survive an operator restart by re-reading that much log;
+    stall detection's window is not the log's, so it does not lengthen the replay."""
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    try:
+        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({"health": {
+            "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
+            "engineStalled": {"stallSeconds": 600},
+            "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
+                                 "windowSeconds": 45}]}})
+        assert watch.lookback_s("ml", "demo") == 45
+    finally:
+        watch.stop()
+
+
+def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
+    from vlm_operator.stalls.watch import MAX_ENGINES, Heartbeats
+
+    class Log:
+        last_line_at = 1.0
+
+    store, fields = Heartbeats(), {"every": "5", "steps": "1", "in_flight": "0",
+                                   "step_s": "0.0", "step_tokens": "0", "running": "0",
+                                   "waiting": "0"}
+    for i in range(MAX_ENGINES + 5):
+        store.beat("u", 0, f"EngineCore_DP{i}", fields, Log())
+    assert len(store.of("u", 0)[0]) == MAX_ENGINES
+    store.beat("u", 1, "EngineCore", fields, Log())  # restarted container
+    assert list(store.of("u", 1)[0]) == ["EngineCore"] and store.of("u", 0) == ({}, None)
+
+
+def test_a_flood_of_plugin_lines_is_not_a_status_change_per_line(monkeypatch):
+    """Every `inactive` line (each reason its own incident) made the findings change and the
+    VLMDeployment's status be published again: a tenant's image printing distinct reasons
+    turned each log line into API requests. The first reason is kept; only a change of the
+    plugin state is looked at again."""
+    from vlm_testbed import vllmsim
+
+    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    rechecks = []
+    monkeypatch.setattr(watch, "_recheck", rechecks.append)
+    try:
+        follower = Follower(watch, pod("p"))
+        env = {"VLM_TOKENIZER_POOL_SIZE": "5", "VLM_SIM_PATCHED": "inactive"}
+        follower._line(vllmsim.plugin_line("0.20.2", "APIServer", 1, {
+            "VLM_TOKENIZER_POOL_SIZE": "5"}))
+        for i in range(100):
+            follower._line(vllmsim.plugin_line("0.20.2", "APIServer", 1, {
+                **env, "VLM_SIM_PATCH_REASON": f"reason {i}"}))
+        assert follower.plugin == "inactive: reason 0"
+        assert len(rechecks) == 3  # the first line with a header, active, then inactive
+    finally:
+        watch.stop()
