@@ -59,6 +59,14 @@ def get_cr(api, ns, name):
     return custom(api).get_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
 
 
+def wait_last_remediation(api, ns, name, pod, timeout=30.0):
+    """status.lastRemediation once it names `pod`: the record is written after the action."""
+    def recorded():
+        last = (get_cr(api, ns, name).get("status") or {}).get("lastRemediation") or {}
+        return last.get("pod") == pod and last
+    return wait_for(f"status.lastRemediation of {name} naming {pod}", recorded, timeout=timeout)
+
+
 def patch_cr(api, ns, name, spec):
     return custom(api).patch_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL,
                                                       name, {"spec": spec})

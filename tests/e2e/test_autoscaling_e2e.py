@@ -50,9 +50,11 @@ def test_load_scales_up_then_down_after_the_delay(api, ns, cluster, operator):
         # need: 2.4 replicas
         sim_post(first.status.pod_ip, "/sim/fault", {"fault": "load", "waiting": 12})
         wait_for("scaled up to 3", lambda: replicas(api, ns, "as-a") == 3, timeout=30)
-        obj = get_cr(api, ns, "as-a")
-        assert obj["status"]["autoscaling"]["desiredReplicas"] == 3
-        assert obj["status"]["autoscaling"]["reason"].startswith("ScaleUp")
+        # the decision goes to status after the replica write: wait for the record
+        status = wait_for("the ScaleUp in status", lambda: (
+            s := get_cr(api, ns, "as-a").get("status", {}).get("autoscaling", {})).get(
+            "desiredReplicas") == 3 and s, timeout=30)
+        assert status["reason"].startswith("ScaleUp"), status
         wait_for("3 ready pods", lambda: len(ready_pods(api, ns, "as-a")) == 3, timeout=90)
         sim_post(first.status.pod_ip, "/sim/fault", {"fault": "clear"})
         wait_for("scaled down to 1", lambda: replicas(api, ns, "as-a") == 1, timeout=60)
@@ -64,8 +66,9 @@ def test_load_scales_up_then_down_after_the_delay(api, ns, cluster, operator):
         assert left[0].metadata.labels[children.IN_SERVICE_LABEL] == "true"
         # status.autoscaling is the last decision: ScaleDown while draining, WithinTarget from
         # the round after the replicas dropped; the operator counted the ScaleDown decisions
-        status = get_cr(api, ns, "as-a")["status"]["autoscaling"]
-        assert status["desiredReplicas"] == 1
+        status = wait_for("the decision in status", lambda: (
+            s := get_cr(api, ns, "as-a")["status"]["autoscaling"])["desiredReplicas"] == 1
+            and s, timeout=30)
         assert status["reason"].startswith(("ScaleDown", "WithinTarget")), status
         assert metric(operator.metrics(), "vlm_operator_autoscaler_decisions_total",
                       vlmdeployment_namespace=ns, vlmdeployment="as-a", reason="ScaleDown") >= 1

@@ -20,6 +20,7 @@ from kube_helpers import (
     pod_gone,
     sim_post,
     wait_for,
+    wait_last_remediation,
     wait_ready_pods,
 )
 from kubernetes import client
@@ -60,7 +61,7 @@ def test_a_logging_prefix_in_the_spec_keeps_detection_on(api, ns, sim):
     sim_post(pod.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                                "count": 3})
     wait_for("the storm acted on", lambda: pod_gone(api, ns, pod), timeout=30)
-    last = get_cr(api, ns, "prefixed")["status"]["lastRemediation"]
+    last = wait_last_remediation(api, ns, "prefixed", pod.metadata.name)
     assert (last["pod"], last["signature"]) == (pod.metadata.name, "tokenizer_retry")
 
 
@@ -98,7 +99,7 @@ def test_a_refused_previous_log_is_reported_and_the_new_container_followed(api, 
     assert metric(operator.metrics(), "vlm_operator_log_previous_unreadable_total") == before + 1
     sim_post(pod.status.pod_ip, "/sim/fault", {"fault": "engine_dead"})
     wait_for("the engine death acted on", lambda: pod_gone(api, ns, pod), timeout=30)
-    last = get_cr(api, ns, "lost")["status"]["lastRemediation"]
+    last = wait_last_remediation(api, ns, "lost", name)
     assert (last["pod"], last["signature"], last["action"]) == (name, "engine_dead", "Restart")
 
 
