@@ -17,7 +17,8 @@ from vlm_operator.api.log_signatures import (
     SignatureConfigError,
     compile_extra_signatures,
 )
-from vlm_operator.logs.signatures import Scanner, match, parse_line, split_line
+from vlm_operator.logs.header import parse_line, split_line
+from vlm_operator.logs.signatures import Scanner, match
 
 DATA = Path(__file__).parent.parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
@@ -89,18 +90,6 @@ def test_logging_prefix_is_exact_and_optional(style):
     d = match(line, logging_prefix="[vllm] ")
     assert d.signature == "tokenizer_retry" and d.fields == {"attempt": "4", "max_tries": "5"}
     assert scan([line], logging_prefix="[vllm] ")[0].fields["attempt"] == "4"
-
-
-def test_parse_line_fields():
-    ln = parse_line(h_k8s("ERROR", "async_llm.py", 906, "AsyncLLM output_handler failed.\r"))
-    assert (ln.k8s_time, ln.proc, ln.pid, ln.level, ln.time, ln.file, ln.lineno, ln.message,
-            ln.continued) == ("2026-11-29T08:22:00.123456789Z", "APIServer", 11606, "ERROR",
-                              "11-29 07:41:31", "async_llm.py", 906,
-                              "AsyncLLM output_handler failed.", True)
-    assert parse_line("INFO:     127.0.0.1:1 - \"GET / HTTP/1.1\" 200 OK") is None
-    assert parse_line("(APIServer pid=1) some print output") is None
-    empty = parse_line("(APIServer pid=1) INFO 11-29 07:40:52 [utils.py:302] ")
-    assert empty.message == ""
 
 
 @pytest.mark.parametrize("msg", [
@@ -494,12 +483,6 @@ def test_signature_table_is_well_formed():
                      "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
         assert s.patterns and s.severity and s.action
-
-
-def test_split_line_keeps_headerless_process_tag():
-    ln = split_line(K8S + "(EngineCore pid=4) Traceback (most recent call last):\r\n")
-    assert (ln.proc, ln.pid, ln.level, ln.message, ln.continued) == (
-        "EngineCore", 4, None, "Traceback (most recent call last):", True)
 
 
 # ---------------------------------------------------------------- a hostile tenant's own log
