@@ -35,7 +35,7 @@ What vLLM gives us, and what we rely on:
   `Traceback (most recent call last):`, then at least one `  File ...` frame, all with the same
   header. The exception line starts with the exception type, which the attacker does not choose;
   whatever follows it (a multi-line message, a forged chained traceback) is not trusted, except
-  as extra detail of the incident already opened (the `Failed to apply <Processor>` link).
+  as extra detail of the occurrence already opened (the `Failed to apply <Processor>` link).
 - Headerless tracebacks (Python's own printing, e.g. a dying process) count only for signatures
   marked `headerless` (engine death), only when `Traceback (most recent call last):` starts a
   record, and after any headerless exception line the stream of that process is tainted (raw
@@ -115,14 +115,17 @@ class Detection:
     fields: dict[str, str] = field(default_factory=dict)
     source: str = "line"  # line | traceback | chained
     line: LogLine | None = None
-    incident: int = 0  # Scanner-assigned; 0 from the stateless match()
-    new_incident: bool = True  # first detection of its incident: act on these only
+    # which occurrence of a failure this is, numbered by the Scanner from 1 (0 from the stateless
+    # match()): detections of one event share it. Not remediation's Incident (a burst of them)
+    occurrence: int = 0
+    first: bool = True  # the first detection of its occurrence: act on these only
 
     def as_dict(self) -> dict:
         ln = self.line
+        # scan-logs' output keeps its keys: "incident" and "new_incident" name these two
         d = {"signature": self.signature, "severity": self.severity, "action": self.action,
-             "variant": self.variant, "source": self.source, "incident": self.incident,
-             "new_incident": self.new_incident}
+             "variant": self.variant, "source": self.source, "incident": self.occurrence,
+             "new_incident": self.first}
         if ln is not None:
             d.update({"level": ln.level, "time": ln.time, "logger_file": ln.file,
                       "proc": ln.proc, "pid": ln.pid, "k8s_time": ln.k8s_time})
@@ -180,7 +183,7 @@ class _Block:
 
     header: tuple | None  # (level, time, file, lineno); None: headerless block
     stage: str  # lead | start | frames | after
-    incident: int = 0
+    occurrence: int = 0
     signature: str | None = None
     chained_seen: bool = False
 
@@ -199,10 +202,10 @@ FOREIGN_CHECK_LINES = 1000  # headerless lines looked at for a foreign prefix, p
 
 
 class Scanner:
-    """Feed lines of one container's log in order; get detections with incident ids.
+    """Feed lines of one container's log in order; get detections numbered by occurrence.
 
     `feed` returns every per-line detection (what `scan-logs` prints); detections of one
-    event share `incident`, and `new_incident` marks the first one, which is what to act on.
+    event share `occurrence`, and `first` marks the first one, which is what to act on.
     State per process is kept for the MAX_PROCESSES processes heard from last, so memory is
     bounded whatever the log holds. `headered` counts lines with vLLM's header (under the
     prefix); `foreign` counts headerless lines that look like vLLM's behind another prefix
@@ -213,16 +216,16 @@ class Scanner:
         self.logging_prefix = logging_prefix
         self._header = header_re(logging_prefix)
         self._procs: OrderedDict[tuple, _Proc] = OrderedDict()
-        self._last_incident: dict[str, tuple[int, float | None]] = {}
-        self._incidents = 0
+        self._last_occurrence: dict[str, tuple[int, float | None]] = {}
+        self._occurrences = 0
         self._now: float | None = None
         self.headered = 0
         self.foreign = 0
         self._foreign_checked = 0
 
     @property
-    def incidents(self) -> int:
-        return self._incidents
+    def occurrences(self) -> int:
+        return self._occurrences
 
     @property
     def processes(self) -> int:
@@ -233,14 +236,14 @@ class Scanner:
         sig = next(s for s in self.signatures if s.name == det.signature)
         if prefer:
             return _with(det, prefer, False)
-        last = self._last_incident.get(sig.name)
+        last = self._last_occurrence.get(sig.name)
         if (last and sig.merge_window_s and last[1] is not None and self._now is not None
                 and 0 <= self._now - last[1] <= sig.merge_window_s):
-            self._last_incident[sig.name] = (last[0], self._now)
+            self._last_occurrence[sig.name] = (last[0], self._now)
             return _with(det, last[0], False)
-        self._incidents += 1
-        self._last_incident[sig.name] = (self._incidents, self._now)
-        return _with(det, self._incidents, True)
+        self._occurrences += 1
+        self._last_occurrence[sig.name] = (self._occurrences, self._now)
+        return _with(det, self._occurrences, True)
 
     def _proc(self, key: tuple) -> _Proc:
         proc = self._procs.get(key)
@@ -283,7 +286,7 @@ class Scanner:
                 det = self._assign(det)
                 out.append(det)
             if self._is_lead(ln.message):
-                proc.block = _Block(hk, "lead", det.incident if det else 0,
+                proc.block = _Block(hk, "lead", det.occurrence if det else 0,
                                     det.signature if det else None)
             return out
         # headerless
@@ -329,11 +332,11 @@ class Scanner:
             det = _match_exception(ln, headered)
             if det is None:
                 return []
-            prefer = b.incident if b.signature == det.signature else 0
+            prefer = b.occurrence if b.signature == det.signature else 0
             det = self._assign(det, prefer)
-            b.incident, b.signature = det.incident, det.signature
+            b.occurrence, b.signature = det.occurrence, det.signature
             return [det]
-        # after the exception line: only extra detail of the incident already open
+        # after the exception line: only extra detail of the occurrence already open
         if (b.header is not None and b.signature == "tokenizer_borrow_error"
                 and not b.chained_seen):
             m = _FAILED_TO_APPLY.match(msg)
@@ -342,10 +345,10 @@ class Scanner:
                 sig = next(s for s in SIGNATURES if s.name == "tokenizer_borrow_error")
                 return [Detection(sig.name, sig.severity, sig.action, "failed_to_apply",
                                   {"processor": m.group("processor")}, "chained", ln,
-                                  b.incident, False)]
+                                  b.occurrence, False)]
         return []
 
 
-def _with(det: Detection, incident: int, new: bool) -> Detection:
+def _with(det: Detection, occurrence: int, first: bool) -> Detection:
     return Detection(det.signature, det.severity, det.action, det.variant, det.fields,
-                     det.source, det.line, incident, new)
+                     det.source, det.line, occurrence, first)

@@ -368,7 +368,7 @@ class Follower(threading.Thread):
                              "(%s: %.200s)", self.namespace, self.name, type(exc).__name__, exc)
             return
         for det in detections:
-            if det.new_incident:
+            if det.first:
                 self.sink.detected(self, det, ns / 1e9 if ns else time.time())
         if not readable and self.readable:
             self.sink.log_news(self)

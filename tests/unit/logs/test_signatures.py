@@ -80,7 +80,7 @@ def test_wheel_lines_match_in_every_header_style(w, style):
     # the line number never matters; the Scanner agrees with the stateless match
     assert match(style(w["level"], w["file"], 1, w["message"])).variant == w["variant"]
     [s] = scan([line])
-    assert (s.signature, s.variant, s.new_incident) == (w["signature"], w["variant"], True)
+    assert (s.signature, s.variant, s.first) == (w["signature"], w["variant"], True)
 
 
 @pytest.mark.parametrize("style", STYLES, ids=lambda f: f.__name__)
@@ -140,7 +140,7 @@ def test_real_017_excerpt_retries_and_borrow_tracebacks():
     got = [(d.signature, d.source, d.line.file) for d in dets]
     assert got == [("tokenizer_retry", "line", "context.py")] * 2 + [
         ("tokenizer_borrow_error", "traceback", "serving.py")] * 2
-    assert [d.incident for d in dets] == [1, 2, 3, 4] and all(d.new_incident for d in dets)
+    assert [d.occurrence for d in dets] == [1, 2, 3, 4] and all(d.first for d in dets)
 
 
 def test_real_017_borrow_needs_the_cr_marks():
@@ -155,15 +155,15 @@ def test_real_032_engine_death_is_one_incident():
     assert [(d.variant, d.source) for d in dets] == [
         ("mpclient_exited", "line"), ("output_handler_failed", "line"),
         ("engine_dead_error", "traceback")]
-    assert {d.incident for d in dets} == {1}
-    assert [d.new_incident for d in dets] == [True, False, False]
+    assert {d.occurrence for d in dets} == {1}
+    assert [d.first for d in dets] == [True, False, False]
     assert all(d.action == "restart" and d.severity == "critical" for d in dets)
 
 
 def test_engine_death_far_apart_is_two_incidents():
     a = h_017("ERROR", "async_llm.py", 1, "AsyncLLM output_handler failed.")
     b = a.replace("07:41:31", "07:49:31")
-    assert [d.incident for d in scan([a, b])] == [1, 2]
+    assert [d.occurrence for d in scan([a, b])] == [1, 2]
 
 
 # ---------------------------------------------------------------- vLLM's formatting, for real
@@ -265,7 +265,7 @@ def test_formatted_borrow_chain_is_one_incident_with_the_processor():
                         exc=borrow_chain())
     assert lines[1].endswith("Traceback (most recent call last):\r")
     dets = scan(lines)
-    assert [(d.variant, d.source, d.incident, d.new_incident) for d in dets] == [
+    assert [(d.variant, d.source, d.occurrence, d.first) for d in dets] == [
         ("already_borrowed", "traceback", 1, True), ("failed_to_apply", "chained", 1, False)]
     assert dets[1].fields == {"processor": "Qwen2VLProcessor"}
 
