@@ -153,7 +153,7 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
     """A fresh operator re-read every followed pod's whole log (a pod that floods its log
     made each restart replay all of it). With the resume mark it reads what follows the mark
     and the last log window (5 s here), and still acts on what comes next."""
-    from vlm_operator.logs.stream import parse_mark
+    from vlm_operator.logs.marks import parse_mark
 
     ns = make_namespace(api, "e2e-mark-")
     args = ("--standalone", "-n", ns, "--log-mark-seconds", "1")

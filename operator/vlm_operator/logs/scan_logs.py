@@ -71,7 +71,7 @@ def main(paths: list[str], stdout: TextIO, stderr: TextIO, extra_signatures=(),
                 for lines, text in enumerate(_lines(fh), 1):
                     for det in scanner.feed(text):
                         raw_counts[det.signature] += 1
-                        incidents[det.signature] += det.new_incident
+                        incidents[det.signature] += det.first
                         if det.signature not in COUNTED_ONLY:
                             stdout.write(json.dumps({"file": name, "line": lines,
                                                      **det.as_dict()}) + "\n")

@@ -4,13 +4,9 @@ The operator feeds every line of a vLLM container's log through a `Scanner` (one
 container); `vlm-operator scan-logs` does the same offline. A detection names a signature from
 `SIGNATURES` (or a user-supplied extra one), its severity, and the default action class. The
 catalogue and the rules for users' signatures live in api/log_signatures.py (spec validation
-compiles them too); this module matches lines against them.
-
-Line shape (vLLM 0.11 - 0.33), optional parts in brackets:
-    [k8s RFC3339Nano time ][(Proc pid=N) ][VLLM_LOGGING_PREFIX][(Proc pid=N) ]LEVEL MM-DD HH:MM:SS
-    [file.py:N] message
-with optional ANSI colour codes around each header token (vLLM's ColoredFormatter). Matching is
-on the message, the level and the logger's file name; never on the line number.
+compiles them too); this module matches lines against them. A line is split into vLLM's
+header fields and its message by header.py (the line shape is described there); matching is on
+the message, the level and the logger's file name, never on the line number.
 
 Threat model
 ------------
@@ -39,7 +35,7 @@ What vLLM gives us, and what we rely on:
   `Traceback (most recent call last):`, then at least one `  File ...` frame, all with the same
   header. The exception line starts with the exception type, which the attacker does not choose;
   whatever follows it (a multi-line message, a forged chained traceback) is not trusted, except
-  as extra detail of the incident already opened (the `Failed to apply <Processor>` link).
+  as extra detail of the occurrence already opened (the `Failed to apply <Processor>` link).
 - Headerless tracebacks (Python's own printing, e.g. a dying process) count only for signatures
   marked `headerless` (engine death), only when `Traceback (most recent call last):` starts a
   record, and after any headerless exception line the stream of that process is tainted (raw
@@ -73,30 +69,17 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
-from functools import lru_cache
 
-from vlm_operator.api.log_signatures import (
-    MAX_LOGGING_PREFIX,
-    SIGNATURES,
-    Signature,
-    anchored,
+from vlm_operator.api.log_signatures import SIGNATURES, Signature, anchored
+from vlm_operator.logs.header import (
+    LogLine,
+    foreign_header,
+    header_re,
+    line_seconds,
+    split_line,
+    split_with,
 )
 
-_ANSI = r"(?:\x1b\[[0-9;]*m)*"
-_K8S_TS = re.compile(
-    r"(?P<k8s_time>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})) "
-)
-# Process names and pids are bounded (see the threat model): vLLM's names are short
-# (APIServer, EngineCore_DP0, VllmWorker-0, Worker_TP1) and Linux pids are at most 2^22.
-_PROC = (_ANSI + r"\((?P<{n}>[A-Za-z_][\w.\-]{{0,63}}) pid=(?P<{p}>\d{{1,10}})\)" + _ANSI
-         + " ")
-_PROC_ONLY = re.compile(_PROC.format(n="proc", p="pid"))
-_LEVEL_TIME_FILE = (
-    _ANSI + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)" + _ANSI + " "
-    + _ANSI + r"(?P<time>\d{2}-\d{2} \d{2}:\d{2}:\d{2})" + _ANSI + " "
-    + _ANSI + r"\[(?P<file>[^\]\s:]{1,255}\.py):(?P<lineno>\d{1,9})\]" + _ANSI + "(?: |$)"
-)
 TRACEBACK_START = "Traceback (most recent call last):"
 MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work per line)
 # Per-process state a Scanner keeps. One vLLM container runs one process per API server
@@ -105,91 +88,6 @@ MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work p
 # headerless lines. 64 leaves room for processes that restart inside the container (a new pid
 # each); only the process silent for longest is ever dropped.
 MAX_PROCESSES = 64
-# How far into a line `foreign_header` looks for vLLM's header behind a prefix it was not told.
-_FOREIGN = re.compile(r"[^\r\n]{0," + str(MAX_LOGGING_PREFIX) + "}?(?:"
-                      + _PROC.format(n="proc", p="pid") + ")?" + _LEVEL_TIME_FILE)
-
-
-@lru_cache(maxsize=16)
-def _header_re(logging_prefix: str) -> re.Pattern[str]:
-    """Header regex for one VLLM_LOGGING_PREFIX (an exact string, never a wildcard: a free
-    prefix would let the header start in the middle of an attacker-controlled line)."""
-    return re.compile(
-        "(?:" + _PROC.format(n="proc", p="pid") + ")?"
-        + re.escape(logging_prefix)
-        + "(?:" + _PROC.format(n="proc2", p="pid2") + ")?"
-        + _LEVEL_TIME_FILE
-    )
-
-
-def foreign_header(message: str) -> bool:
-    """Whether a line that has no header under the expected prefix shows vLLM's header behind
-    some other text (VLLM_LOGGING_PREFIX set where the operator cannot see it, such as the
-    image's own ENV). For reporting only: what precedes the header is never used to match."""
-    return _FOREIGN.match(message) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One physical line, split into what the runtime and vLLM put in front of the message."""
-
-    message: str
-    level: str | None = None  # None: no vLLM header (headerless line)
-    time: str | None = None  # vLLM's MM-DD HH:MM:SS
-    file: str | None = None  # logger file basename (vLLM may print a relative path)
-    lineno: int | None = None
-    proc: str | None = None
-    pid: int | None = None
-    k8s_time: str | None = None
-    continued: bool = False  # ended with \r: the next line of this process is a continuation
-
-    @property
-    def headered(self) -> bool:
-        return self.level is not None
-
-
-def split_line(line: str, logging_prefix: str = "") -> LogLine:
-    """Parse any line; headerless lines keep their k8s time and process prefix."""
-    return _split(line, _header_re(logging_prefix))
-
-
-def _split(line: str, header: re.Pattern[str]) -> LogLine:
-    line = line.rstrip("\n")
-    continued = line.endswith("\r")
-    line = line.rstrip("\r")
-    k8s_time = None
-    m = _K8S_TS.match(line)
-    if m:
-        k8s_time = m.group("k8s_time")
-        line = line[m.end():]
-    h = header.match(line)
-    if h:
-        proc = h.group("proc") or h.group("proc2")
-        pid = h.group("pid") or h.group("pid2")
-        return LogLine(
-            message=line[h.end():],
-            level=h.group("level"),
-            time=h.group("time"),
-            file=h.group("file").rsplit("/", 1)[-1],
-            lineno=int(h.group("lineno")),
-            proc=proc,
-            pid=int(pid) if pid else None,
-            k8s_time=k8s_time,
-            continued=continued,
-        )
-    p = _PROC_ONLY.match(line)
-    if p:
-        return LogLine(message=line[p.end():], proc=p.group("proc"), pid=int(p.group("pid")),
-                       k8s_time=k8s_time, continued=continued)
-    return LogLine(message=line, k8s_time=k8s_time, continued=continued)
-
-
-def parse_line(line: str, logging_prefix: str = "") -> LogLine | None:
-    """The vLLM header fields and message of a line, or None when it has no vLLM header."""
-    parsed = split_line(line, logging_prefix)
-    return parsed if parsed.headered else None
-
-
 
 # Constant messages vLLM passes to logger.exception() before the tracebacks we read (0.11-0.33).
 TRACEBACK_LEADS = frozenset({
@@ -217,14 +115,17 @@ class Detection:
     fields: dict[str, str] = field(default_factory=dict)
     source: str = "line"  # line | traceback | chained
     line: LogLine | None = None
-    incident: int = 0  # Scanner-assigned; 0 from the stateless match()
-    new_incident: bool = True  # first detection of its incident: act on these only
+    # which occurrence of a failure this is, numbered by the Scanner from 1 (0 from the stateless
+    # match()): detections of one event share it. Not remediation's Incident (a burst of them)
+    occurrence: int = 0
+    first: bool = True  # the first detection of its occurrence: act on these only
 
     def as_dict(self) -> dict:
         ln = self.line
+        # scan-logs' output keeps its keys: "incident" and "new_incident" name these two
         d = {"signature": self.signature, "severity": self.severity, "action": self.action,
-             "variant": self.variant, "source": self.source, "incident": self.incident,
-             "new_incident": self.new_incident}
+             "variant": self.variant, "source": self.source, "incident": self.occurrence,
+             "new_incident": self.first}
         if ln is not None:
             d.update({"level": ln.level, "time": ln.time, "logger_file": ln.file,
                       "proc": ln.proc, "pid": ln.pid, "k8s_time": ln.k8s_time})
@@ -276,33 +177,13 @@ def match(line: str | LogLine, extra: Iterable[Signature] = (), logging_prefix: 
 # ---------------------------------------------------------------- stream state
 
 
-def _seconds(ln: LogLine) -> float | None:
-    if ln.k8s_time:
-        ts = ln.k8s_time
-        frac = ""
-        if "." in ts:
-            head, rest = ts.split(".", 1)
-            digits = rest.rstrip("Z").split("+")[0].split("-")[0]
-            frac = "." + digits[:6]
-            ts = head + frac + rest[len(digits):]
-        try:
-            return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    if ln.time:
-        mo, d = int(ln.time[0:2]), int(ln.time[3:5])
-        h, mi, s = int(ln.time[6:8]), int(ln.time[9:11]), int(ln.time[12:14])
-        return (((mo * 31 + d) * 24 + h) * 60 + mi) * 60 + s
-    return None
-
-
 @dataclass(slots=True)
 class _Block:
     """Traceback block in progress for one process."""
 
     header: tuple | None  # (level, time, file, lineno); None: headerless block
     stage: str  # lead | start | frames | after
-    incident: int = 0
+    occurrence: int = 0
     signature: str | None = None
     chained_seen: bool = False
 
@@ -321,10 +202,10 @@ FOREIGN_CHECK_LINES = 1000  # headerless lines looked at for a foreign prefix, p
 
 
 class Scanner:
-    """Feed lines of one container's log in order; get detections with incident ids.
+    """Feed lines of one container's log in order; get detections numbered by occurrence.
 
     `feed` returns every per-line detection (what `scan-logs` prints); detections of one
-    event share `incident`, and `new_incident` marks the first one, which is what to act on.
+    event share `occurrence`, and `first` marks the first one, which is what to act on.
     State per process is kept for the MAX_PROCESSES processes heard from last, so memory is
     bounded whatever the log holds. `headered` counts lines with vLLM's header (under the
     prefix); `foreign` counts headerless lines that look like vLLM's behind another prefix
@@ -333,18 +214,18 @@ class Scanner:
     def __init__(self, extra: Iterable[Signature] = (), logging_prefix: str = "") -> None:
         self.signatures = (*SIGNATURES, *extra)
         self.logging_prefix = logging_prefix
-        self._header = _header_re(logging_prefix)
+        self._header = header_re(logging_prefix)
         self._procs: OrderedDict[tuple, _Proc] = OrderedDict()
-        self._last_incident: dict[str, tuple[int, float | None]] = {}
-        self._incidents = 0
+        self._last_occurrence: dict[str, tuple[int, float | None]] = {}
+        self._occurrences = 0
         self._now: float | None = None
         self.headered = 0
         self.foreign = 0
         self._foreign_checked = 0
 
     @property
-    def incidents(self) -> int:
-        return self._incidents
+    def occurrences(self) -> int:
+        return self._occurrences
 
     @property
     def processes(self) -> int:
@@ -355,14 +236,14 @@ class Scanner:
         sig = next(s for s in self.signatures if s.name == det.signature)
         if prefer:
             return _with(det, prefer, False)
-        last = self._last_incident.get(sig.name)
+        last = self._last_occurrence.get(sig.name)
         if (last and sig.merge_window_s and last[1] is not None and self._now is not None
                 and 0 <= self._now - last[1] <= sig.merge_window_s):
-            self._last_incident[sig.name] = (last[0], self._now)
+            self._last_occurrence[sig.name] = (last[0], self._now)
             return _with(det, last[0], False)
-        self._incidents += 1
-        self._last_incident[sig.name] = (self._incidents, self._now)
-        return _with(det, self._incidents, True)
+        self._occurrences += 1
+        self._last_occurrence[sig.name] = (self._occurrences, self._now)
+        return _with(det, self._occurrences, True)
 
     def _proc(self, key: tuple) -> _Proc:
         proc = self._procs.get(key)
@@ -375,11 +256,11 @@ class Scanner:
         return proc
 
     def feed(self, line: str) -> list[Detection]:
-        ln = _split(line, self._header)
+        ln = split_with(line, self._header)
         proc = self._proc((ln.proc, ln.pid))
         continuation = proc.cr
         proc.cr = ln.continued
-        t = _seconds(ln)
+        t = line_seconds(ln)
         if t is not None:
             self._now = t
         block = proc.block
@@ -405,7 +286,7 @@ class Scanner:
                 det = self._assign(det)
                 out.append(det)
             if self._is_lead(ln.message):
-                proc.block = _Block(hk, "lead", det.incident if det else 0,
+                proc.block = _Block(hk, "lead", det.occurrence if det else 0,
                                     det.signature if det else None)
             return out
         # headerless
@@ -451,11 +332,11 @@ class Scanner:
             det = _match_exception(ln, headered)
             if det is None:
                 return []
-            prefer = b.incident if b.signature == det.signature else 0
+            prefer = b.occurrence if b.signature == det.signature else 0
             det = self._assign(det, prefer)
-            b.incident, b.signature = det.incident, det.signature
+            b.occurrence, b.signature = det.occurrence, det.signature
             return [det]
-        # after the exception line: only extra detail of the incident already open
+        # after the exception line: only extra detail of the occurrence already open
         if (b.header is not None and b.signature == "tokenizer_borrow_error"
                 and not b.chained_seen):
             m = _FAILED_TO_APPLY.match(msg)
@@ -464,10 +345,10 @@ class Scanner:
                 sig = next(s for s in SIGNATURES if s.name == "tokenizer_borrow_error")
                 return [Detection(sig.name, sig.severity, sig.action, "failed_to_apply",
                                   {"processor": m.group("processor")}, "chained", ln,
-                                  b.incident, False)]
+                                  b.occurrence, False)]
         return []
 
 
-def _with(det: Detection, incident: int, new: bool) -> Detection:
+def _with(det: Detection, occurrence: int, first: bool) -> Detection:
     return Detection(det.signature, det.severity, det.action, det.variant, det.fields,
-                     det.source, det.line, incident, new)
+                     det.source, det.line, occurrence, first)

@@ -1,15 +1,14 @@
-"""Following one pod's vLLM log through the apiserver: streams, resume, de-duplication.
+"""Following one pod's vLLM log through the apiserver: the follower thread and its streams.
 
 One thread per pod follows `pods/log?follow=true&timestamps=true`. A dropped stream is resumed
-with sinceTime (second precision at the apiserver), dropping the replayed lines of that second by
-(timestamp, text), so nothing is counted twice or lost; the high-water mark survives container
-restarts, so a previous container's log read after the new one's never counts a line twice.
-When restartCount grows, the previous container's log is read once (its tail may not have
-reached us before it exited); one the kubelet will not serve (it lost the container, e.g. after
-a node restart: 400) is skipped and reported, and the current container is followed. Lines are
-split on "\\n" only (logs/signatures.py relies on the "\\r" vLLM leaves on continuation lines) and
-cut at MAX_LINE_BYTES, so one endless line costs bounded memory and linear work; a line the matcher
-fails on is counted and logged at most once a minute, never with a traceback per line.
+with sinceTime, and the replayed lines of that second are dropped (lines.py: Dedupe), so nothing
+is counted twice or lost; the high-water mark survives container restarts, so a previous
+container's log read after the new one's never counts a line twice. When restartCount grows,
+the previous container's log is read once (its tail may not have reached us before it exited);
+one the kubelet will not serve (it lost the container, e.g. after a node restart: 400) is
+skipped and reported, and the current container is followed. Bytes become lines in lines.py
+(split on "\\n" only, cut at MAX_LINE_BYTES); a line the matcher fails on is counted and logged
+at most once a minute (throttle.py), never with a traceback per line.
 
 A pod that is not running (Pending, ContainerCreating, CrashLoopBackOff, evicted) costs no
 requests: its follower waits for the pod's next watch event (`hand`), with one GET only after
@@ -17,37 +16,32 @@ NOT_RUNNING_RECHECK_S without any (kopf re-lists every 5 minutes, so only a pod 
 without a DELETED event gets there).
 
 A fresh operator process does not re-read a long log: the follower writes a resume mark on the
-pod (annotation LOG_MARK: the container, the second of the last line handled, what the log said
-about the tokenizer pool and engine death) at most once every `mark_every_s` while lines come,
-and a follower that finds a mark of the current container starts after the earlier of that line
-and the incident windows it must refill (`lookback_s`, at most MAX_REPLAY_S); with no mark it
-reads the container's log from its start, as before any mark was written.
+pod at most once every `mark_every_s` while lines come, and starts where the mark of the current
+container says (marks.py).
 
 The prefix vLLM writes before its header (VLLM_LOGGING_PREFIX) is read from the pod's own spec,
-never from the log. What a line means is the sink's business (logwatch.LogWatch).
+never from the log. What a line means is the sink's business (watcher.LogWatch).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
-from vlm_operator.api.names import LOG_MARK
 from vlm_operator.api.validation import LOGGING_PREFIX_ENV
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube, object_path
 from vlm_operator.k8s.pods import container_status, is_running, owner_name, restart_count
-from vlm_operator.logs import signatures
+from vlm_operator.logs import marks, signatures
+from vlm_operator.logs.lines import Dedupe, LineSplitter
+from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import (
     LOG_LINE_ERRORS,
     LOG_LINES,
@@ -64,173 +58,8 @@ CONNECT_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0
 END_WAIT_S = 10.0  # after a clean end (the container exited): the most to wait for its event
 NOT_RUNNING_RECHECK_S = 600.0  # a pod not running and without events this long is read once
-MAX_LINE_BYTES = 64 * 1024
-MAX_DEDUPE = 4096  # lines of one second remembered for de-duplication (Dedupe)
 PREVIOUS_ATTEMPTS = 4  # reads of a previous container's log before it is given up
-ERROR_LOG_EVERY_S = 60.0  # one log line per recurring error per follower, the rest counted
 MARK_EVERY_S = 300.0  # at most one mark write per pod this often (runner.py: --log-mark-seconds)
-MAX_REPLAY_S = 900.0  # the most of a log a fresh follower re-reads to refill incident windows
-MAX_MARK_TEXT = 256  # characters of the plugin state kept in a mark
-
-
-def parse_stamp_ns(stamp: str) -> int | None:
-    """RFC3339Nano (the kubelet's timestamps=true prefix) to epoch nanoseconds."""
-    head, _, frac = stamp.partition(".")
-    zone = "Z"
-    if frac:
-        digits = frac.rstrip("Z")
-        for sign in "+-":
-            if sign in digits:
-                digits, zone = digits.split(sign, 1)[0], sign + digits.split(sign, 1)[1]
-        frac = digits
-    elif head.endswith("Z"):
-        head = head[:-1]
-    try:
-        secs = dt.datetime.fromisoformat(head + ("+00:00" if zone == "Z" else zone)).timestamp()
-    except ValueError:
-        return None
-    return int(secs) * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
-
-
-def since_time(sec: int) -> str:
-    return dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def stamp_of(ns: int) -> str:
-    """Epoch nanoseconds as RFC3339Nano (UTC), the kubelet's line stamp."""
-    return f"{since_time(ns // 1_000_000_000)[:-1]}.{ns % 1_000_000_000:09d}Z"
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """Where a container's log was read up to, and what had been learnt from it before."""
-
-    container: str  # the containerID it belongs to
-    ns: int  # the kubelet's stamp of the last line handled, epoch nanoseconds
-    plugin: str | None = None  # Follower.plugin
-    engine_dead_at: float | None = None
-    readable: bool = False  # a line with vLLM's header had been seen
-
-    def value(self) -> str:
-        return json.dumps({"container": self.container, "time": stamp_of(self.ns),
-                           "plugin": self.plugin, "engineDeadAt": self.engine_dead_at,
-                           "readable": self.readable}, sort_keys=True)
-
-
-def parse_mark(annotations: Mapping[str, str] | None) -> Mark | None:
-    """The LOG_MARK annotation; anything unreadable is no mark (the log is then read from the
-    container's start). Whoever may patch the pod can write it: its text is bounded here, and a
-    forged one only changes what is reported about that pod."""
-    raw = (annotations or {}).get(LOG_MARK)
-    try:
-        data = json.loads(raw) if raw and len(raw) <= 4096 else None
-        stamp = parse_stamp_ns(str(data["time"])) if isinstance(data, dict) else None
-        if stamp is None:
-            return None
-        plugin, dead = data.get("plugin"), data.get("engineDeadAt")
-        return Mark(str(data["container"]), stamp,
-                    str(plugin)[:MAX_MARK_TEXT] if plugin is not None else None,
-                    float(dead) if dead is not None else None, data.get("readable") is True)
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def resume_point(mark: Mark | None, container: str | None, now: float,
-                 lookback_s: float) -> tuple[int | None, Mark | None]:
-    """(the epoch nanosecond to start reading the current container's log after, the mark that
-    applies) for a follower with nothing in memory. The mark applies to its own container only;
-    the replay reaches back `lookback_s` (incident windows) before now, and never starts after
-    the mark: where the mark is older, the lines up to and with it are not read again."""
-    if mark is None or not container or mark.container != container or \
-            mark.ns > (now + 60) * 1e9:
-        return None, None
-    back = int((now - lookback_s) * 1e9)
-    return max(0, min(mark.ns, back - 1)), mark
-
-
-class Throttled:
-    """One log line per `every_s` for a recurring error; the ones in between are counted and
-    the count goes with the next line."""
-
-    def __init__(self, every_s: float = ERROR_LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self._last: float | None = None
-        self._skipped = 0
-        self._lock = threading.Lock()
-
-    def log(self, logger: logging.Logger, level: int, msg: str, *args) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            if self._last is not None and now - self._last < self.every_s:
-                self._skipped += 1
-                return False
-            skipped, self._skipped, self._last = self._skipped, 0, now
-        if skipped:
-            msg, args = msg + " (and %d more since the last such line)", (*args, skipped)
-        logger.log(level, msg, *args)
-        return True
-
-
-class Dedupe:
-    """Lines already seen, for resuming a stream with a second-precision sinceTime; `floor`:
-    lines stamped at or before it were handled by an earlier operator process (its mark).
-    Lines of the latest second are remembered by (stamp, hash of the text), at most
-    MAX_DEDUPE of them: a log that writes more in one second (a flood) may have a few lines
-    counted twice after a reconnect in that second, which incident windows absorb (they count
-    each time once), instead of costing memory without bound."""
-
-    def __init__(self) -> None:
-        self.sec = 0
-        self.floor = 0
-        self.seen: set[tuple[int, int]] = set()
-
-    def fresh(self, ns: int, text: str) -> bool:
-        sec = ns // 1_000_000_000
-        key = (ns, hash(text))
-        if sec < self.sec or ns <= self.floor or key in self.seen:
-            return False
-        if sec > self.sec:
-            self.sec, self.seen = sec, set()
-        if len(self.seen) < MAX_DEDUPE:
-            self.seen.add(key)
-        return True
-
-
-class LineSplitter:
-    """Bytes to lines on b"\\n". A line longer than max_bytes keeps its first max_bytes (the
-    header and any signature are at its start); the rest is dropped up to its newline."""
-
-    def __init__(self, max_bytes: int = MAX_LINE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._cut = False
-        self.truncated = 0  # lines cut so far
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        lines, start = [], 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            self._keep(chunk[start:end])
-            lines.append(self.rest())
-            start = end + 1
-        self._keep(chunk[start:])
-        return lines
-
-    def rest(self) -> bytes:
-        """The line so far (emptied)."""
-        line = b"".join(self._parts)
-        self.truncated += self._cut
-        self._parts, self._size, self._cut = [], 0, False
-        return line
-
-    def _keep(self, piece: bytes) -> None:
-        room = self.max_bytes - self._size
-        if len(piece) > room:
-            piece, self._cut = piece[:room], True
-        if piece:
-            self._parts.append(piece)
-            self._size += len(piece)
-
 
 ENDED, QUIET, ERROR = "ended", "quiet", "error"
 
@@ -263,7 +92,7 @@ class Sink(Protocol):
 
     def lookback_s(self, namespace: str, owner: str) -> float: ...
 
-    def write_mark(self, follower: Follower, mark: Mark) -> None: ...
+    def write_mark(self, follower: Follower, mark: marks.Mark) -> None: ...
 
     def previous_unreadable(self, follower: Follower, reason: str) -> None: ...
 
@@ -473,10 +302,10 @@ class Follower(threading.Thread):
         if self._resumed:
             return
         self._resumed = True
-        since, mark = resume_point(
-            parse_mark((pod.get("metadata") or {}).get("annotations")),
+        since, mark = marks.resume_point(
+            marks.parse_mark((pod.get("metadata") or {}).get("annotations")),
             container_status(pod).get("containerID"), time.time(),
-            min(MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
+            min(marks.MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
         if mark is None:
             return
         self.dedupe.sec = max(self.dedupe.sec, since // 1_000_000_000)
@@ -488,7 +317,7 @@ class Follower(threading.Thread):
         query = [("container", children.CONTAINER), ("timestamps", "true")]
         query.append(("previous", "true") if previous else ("follow", "true"))
         if self.dedupe.sec:
-            query.append(("sinceTime", since_time(self.dedupe.sec)))
+            query.append(("sinceTime", marks.since_time(self.dedupe.sec)))
         api = self.sink.kube.api
         params = api.param_serialize(
             "GET", object_path("v1", "Pod", self.namespace, self.name) + "/log",
@@ -518,7 +347,7 @@ class Follower(threading.Thread):
 
     def _line(self, line: str) -> None:
         stamp, _, text = line.partition(" ")
-        ns = parse_stamp_ns(stamp)
+        ns = marks.parse_stamp_ns(stamp)
         if ns is None:  # not the kubelet's prefix: count it, scan it untimed
             ns, text = 0, line
         elif not self.dedupe.fresh(ns, text):
@@ -539,7 +368,7 @@ class Follower(threading.Thread):
                              "(%s: %.200s)", self.namespace, self.name, type(exc).__name__, exc)
             return
         for det in detections:
-            if det.new_incident:
+            if det.first:
                 self.sink.detected(self, det, ns / 1e9 if ns else time.time())
         if not readable and self.readable:
             self.sink.log_news(self)
@@ -556,7 +385,7 @@ class Follower(threading.Thread):
         if not self._container:
             return
         self._mark_at, self._marked_ns = now, self._last_ns
-        self.sink.write_mark(self, Mark(
+        self.sink.write_mark(self, marks.Mark(
             self._container, self._last_ns,
-            self.plugin[:MAX_MARK_TEXT] if self.plugin else None, self.engine_dead_at,
+            self.plugin[:marks.MAX_MARK_TEXT] if self.plugin else None, self.engine_dead_at,
             self.readable))

@@ -18,10 +18,13 @@ from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api.names import LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.logs import signatures, stream
-from vlm_operator.logs.stream import Follower, Mark, Throttled
+from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
+from vlm_operator.logs.stream import Follower
+from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
 from vlm_operator.remediation import decide as remediation
 from vlm_operator.remediation import incidents
@@ -221,7 +224,7 @@ class LogWatch:
             owner = self.remediator.known(namespace, name)
         policy = owner.policy if owner is not None else None
         if policy is None:
-            return stream.MAX_REPLAY_S
+            return MAX_REPLAY_S
         keys = {key for signature, key in policy.signature_policy.items()
                 if signature not in remediation.NOT_FROM_LOG}
         return max((rule.window_s for key, rule in policy.rules.items() if key in keys),
@@ -233,7 +236,7 @@ class LogWatch:
             return
         try:
             self.kube.patch_pod(follower.namespace, follower.name,
-                                annotations={stream.LOG_MARK: mark.value()})
+                                annotations={LOG_MARK: mark.value()})
             LOG_MARKS.labels("written").inc()
         except Exception as exc:  # the next mark tries again; a restart then reads more
             LOG_MARKS.labels("error").inc()

@@ -17,7 +17,8 @@ from vlm_operator.api.log_signatures import (
     SignatureConfigError,
     compile_extra_signatures,
 )
-from vlm_operator.logs.signatures import Scanner, match, parse_line, split_line
+from vlm_operator.logs.header import parse_line, split_line
+from vlm_operator.logs.signatures import Scanner, match
 
 DATA = Path(__file__).parent.parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
@@ -79,7 +80,7 @@ def test_wheel_lines_match_in_every_header_style(w, style):
     # the line number never matters; the Scanner agrees with the stateless match
     assert match(style(w["level"], w["file"], 1, w["message"])).variant == w["variant"]
     [s] = scan([line])
-    assert (s.signature, s.variant, s.new_incident) == (w["signature"], w["variant"], True)
+    assert (s.signature, s.variant, s.first) == (w["signature"], w["variant"], True)
 
 
 @pytest.mark.parametrize("style", STYLES, ids=lambda f: f.__name__)
@@ -89,18 +90,6 @@ def test_logging_prefix_is_exact_and_optional(style):
     d = match(line, logging_prefix="[vllm] ")
     assert d.signature == "tokenizer_retry" and d.fields == {"attempt": "4", "max_tries": "5"}
     assert scan([line], logging_prefix="[vllm] ")[0].fields["attempt"] == "4"
-
-
-def test_parse_line_fields():
-    ln = parse_line(h_k8s("ERROR", "async_llm.py", 906, "AsyncLLM output_handler failed.\r"))
-    assert (ln.k8s_time, ln.proc, ln.pid, ln.level, ln.time, ln.file, ln.lineno, ln.message,
-            ln.continued) == ("2026-11-29T08:22:00.123456789Z", "APIServer", 11606, "ERROR",
-                              "11-29 07:41:31", "async_llm.py", 906,
-                              "AsyncLLM output_handler failed.", True)
-    assert parse_line("INFO:     127.0.0.1:1 - \"GET / HTTP/1.1\" 200 OK") is None
-    assert parse_line("(APIServer pid=1) some print output") is None
-    empty = parse_line("(APIServer pid=1) INFO 11-29 07:40:52 [utils.py:302] ")
-    assert empty.message == ""
 
 
 @pytest.mark.parametrize("msg", [
@@ -151,7 +140,7 @@ def test_real_017_excerpt_retries_and_borrow_tracebacks():
     got = [(d.signature, d.source, d.line.file) for d in dets]
     assert got == [("tokenizer_retry", "line", "context.py")] * 2 + [
         ("tokenizer_borrow_error", "traceback", "serving.py")] * 2
-    assert [d.incident for d in dets] == [1, 2, 3, 4] and all(d.new_incident for d in dets)
+    assert [d.occurrence for d in dets] == [1, 2, 3, 4] and all(d.first for d in dets)
 
 
 def test_real_017_borrow_needs_the_cr_marks():
@@ -166,15 +155,15 @@ def test_real_032_engine_death_is_one_incident():
     assert [(d.variant, d.source) for d in dets] == [
         ("mpclient_exited", "line"), ("output_handler_failed", "line"),
         ("engine_dead_error", "traceback")]
-    assert {d.incident for d in dets} == {1}
-    assert [d.new_incident for d in dets] == [True, False, False]
+    assert {d.occurrence for d in dets} == {1}
+    assert [d.first for d in dets] == [True, False, False]
     assert all(d.action == "restart" and d.severity == "critical" for d in dets)
 
 
 def test_engine_death_far_apart_is_two_incidents():
     a = h_017("ERROR", "async_llm.py", 1, "AsyncLLM output_handler failed.")
     b = a.replace("07:41:31", "07:49:31")
-    assert [d.incident for d in scan([a, b])] == [1, 2]
+    assert [d.occurrence for d in scan([a, b])] == [1, 2]
 
 
 # ---------------------------------------------------------------- vLLM's formatting, for real
@@ -276,7 +265,7 @@ def test_formatted_borrow_chain_is_one_incident_with_the_processor():
                         exc=borrow_chain())
     assert lines[1].endswith("Traceback (most recent call last):\r")
     dets = scan(lines)
-    assert [(d.variant, d.source, d.incident, d.new_incident) for d in dets] == [
+    assert [(d.variant, d.source, d.occurrence, d.first) for d in dets] == [
         ("already_borrowed", "traceback", 1, True), ("failed_to_apply", "chained", 1, False)]
     assert dets[1].fields == {"processor": "Qwen2VLProcessor"}
 
@@ -494,12 +483,6 @@ def test_signature_table_is_well_formed():
                      "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
         assert s.patterns and s.severity and s.action
-
-
-def test_split_line_keeps_headerless_process_tag():
-    ln = split_line(K8S + "(EngineCore pid=4) Traceback (most recent call last):\r\n")
-    assert (ln.proc, ln.pid, ln.level, ln.message, ln.continued) == (
-        "EngineCore", 4, None, "Traceback (most recent call last):", True)
 
 
 # ---------------------------------------------------------------- a hostile tenant's own log

@@ -1,10 +1,7 @@
-"""stream.py: line splitting with a bounded buffer, resume de-duplication, the kubelet's
-timestamps, and when a follower reconnects."""
+"""stream.py: when a follower reconnects, and a follower against a stub API (not-running pods,
+previous logs, the logging prefix, failing lines, resume marks)."""
 
 from __future__ import annotations
-
-from hypothesis import given
-from hypothesis import strategies as st
 
 from vlm_operator.logs.stream import (
     END_WAIT_S,
@@ -13,55 +10,8 @@ from vlm_operator.logs.stream import (
     QUIET,
     RETRY_MAX_S,
     RETRY_MIN_S,
-    Dedupe,
-    LineSplitter,
-    parse_stamp_ns,
     retry_wait,
 )
-
-
-def test_lines_split_on_newline_only_and_keep_carriage_returns():
-    s = LineSplitter()
-    assert s.feed(b"a\r\nb") == [b"a\r"]
-    assert s.feed(b"c\n\n") == [b"bc", b""]
-    assert s.rest() == b""
-
-
-@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(4, 30))
-def test_split_equals_bytes_split_with_long_lines_cut(chunks, limit):
-    s = LineSplitter(limit)
-    got = [line for chunk in chunks for line in s.feed(chunk)] + [s.rest()]
-    want = b"".join(chunks).split(b"\n")
-    assert got == [line[:limit] for line in want]
-    assert s.truncated == sum(len(line) > limit for line in want)
-
-
-def test_an_endless_line_holds_bounded_memory():
-    """Defect: `rest + chunk` grew one buffer per chunk (quadratic) for a line with no
-    newline; now at most max_bytes are kept, and the line arrives cut to its start."""
-    s = LineSplitter(1024)
-    head = b"ERROR 11-30 19:00:00 [core.py:1] EngineCore encountered a fatal error."
-    assert s.feed(head) == []
-    for _ in range(2000):  # 128 MB of one line
-        assert s.feed(b"x" * 65536) == []
-        assert s._size <= 1024
-    (line,) = s.feed(b"tail\n")
-    assert line.startswith(head) and len(line) == 1024 and s.truncated == 1
-
-
-def test_dedupe_drops_replayed_lines_of_the_resumed_second():
-    d = Dedupe()
-    assert d.fresh(5_000_000_001, "a") and d.fresh(5_000_000_002, "b")
-    assert not d.fresh(5_000_000_001, "a")  # the same line again after a resume
-    assert d.fresh(5_000_000_001, "c")  # same second, new text
-    assert d.fresh(6_000_000_000, "d") and not d.fresh(5_900_000_000, "e")  # older second
-
-
-def test_stamp_parsing():
-    assert parse_stamp_ns("2026-11-30T19:00:00.123456789Z") == 1796065200_123456789
-    assert parse_stamp_ns("2026-11-30T19:00:00Z") == 1796065200_000000000
-    assert parse_stamp_ns("2026-11-30T20:00:00.5+01:00") == 1796065200_500000000
-    assert parse_stamp_ns("INFO") is None
 
 
 def test_retry_wait():
@@ -87,18 +37,12 @@ import logging  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-import pytest  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from vlm_operator.logs import stream  # noqa: E402
-from vlm_operator.logs.stream import (  # noqa: E402
-    LOG_MARK,
-    Follower,
-    Mark,
-    Throttled,
-    parse_mark,
-    resume_point,
-)
+from vlm_operator.api.names import LOG_MARK  # noqa: E402
+from vlm_operator.logs import marks, stream  # noqa: E402
+from vlm_operator.logs.marks import Mark  # noqa: E402
+from vlm_operator.logs.stream import Follower  # noqa: E402
 
 STAMP = "2026-11-30T19:00:00.000000001Z"
 ACTIVE = ("(APIServer pid=1) INFO 11-30 19:00:00 [plugin.py:54] vlm-tokenizer-pool active: "
@@ -270,40 +214,6 @@ def test_a_line_the_matcher_fails_on_is_counted_and_logged_once_a_minute(caplog,
     assert "could not be scanned (ValueError: bad line)" in records[0].getMessage()
 
 
-def test_throttled_counts_what_it_holds_back(caplog):
-    t = Throttled(every_s=3600)
-    logger = logging.getLogger("t")
-    with caplog.at_level(logging.INFO, logger="t"):
-        assert t.log(logger, logging.INFO, "x %s", 1)
-        assert not any(t.log(logger, logging.INFO, "x %s", i) for i in range(5))
-        t._last -= 3600
-        assert t.log(logger, logging.INFO, "x %s", 2)
-    assert [r.getMessage() for r in caplog.records] == [
-        "x 1", "x 2 (and 5 more since the last such line)"]
-
-
-def test_the_resume_mark_round_trip_and_where_a_fresh_follower_starts():
-    at = 1796065200_123456789
-    mark = Mark("cri://a", at, "inactive: HfRenderer not found", 1796065100.5, True)
-    assert json.loads(mark.value())["time"] == "2026-11-30T19:00:00.123456789Z"
-    assert parse_mark({LOG_MARK: mark.value()}) == mark
-    now = 1796065200 + 3600.0
-    # the mark is old: resume after it (nothing after it was handled)
-    assert resume_point(mark, "cri://a", now, 60) == (at, mark)
-    # the mark is recent: go back far enough to refill the incident windows
-    assert resume_point(mark, "cri://a", 1796065210.0, 60)[0] == 1796065150_000000000 - 1
-    # another container's mark, none, or one from the future: from the container's start
-    assert resume_point(mark, "cri://b", now, 60) == (None, None)
-    assert resume_point(None, "cri://a", now, 60) == (None, None)
-    assert resume_point(mark, "cri://a", at / 1e9 - 3600, 60) == (None, None)
-
-
-@pytest.mark.parametrize("raw", ["", "{", "[]", '{"container": "a"}', '{"time": "x"}',
-                                 json.dumps({"container": "a", "time": "y" * 5000})])
-def test_an_unreadable_mark_is_no_mark(raw):
-    assert parse_mark({LOG_MARK: raw}) is None
-
-
 def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
     """An operator restart re-read the whole log from the container's start (and a pod that
     floods its log made every restart replay all of it); with the mark, only what follows it
@@ -316,7 +226,7 @@ def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
         until("the log stream opened", lambda: sink.api.requests)
     finally:
         follower.stop()
-    assert sink.api.requests[0]["sinceTime"] == stream.since_time(mark.ns // 1_000_000_000)
+    assert sink.api.requests[0]["sinceTime"] == marks.since_time(mark.ns // 1_000_000_000)
     assert follower.plugin == "active" and follower.readable
     # the lines of that second up to the mark were handled before; the ones after were not
     assert not follower.dedupe.fresh(mark.ns, "handled")
@@ -354,13 +264,3 @@ def test_after_a_container_exit_the_log_is_read_again_only_once_its_pod_event_ca
         follower.stop()
     assert [("previous" in q, "follow" in q) for q in sink.api.requests[:3]] == [
         (False, True), (True, False), (False, True)]
-
-
-def test_dedupe_memory_is_bounded_in_a_flood_second():
-    """A pod that writes 200,000 lines in one second: every (stamp, text) of the second was
-    kept until the next second."""
-    d = Dedupe()
-    for i in range(200_000):
-        assert d.fresh(5_000_000_000 + i, "x" * 100 + str(i))
-    assert len(d.seen) == stream.MAX_DEDUPE
-    assert not d.fresh(5_000_000_000, "x" * 100 + "0")  # remembered: dropped on a replay
