@@ -199,7 +199,7 @@ def _cache_warnings(spec: dict) -> list[str]:
     return warnings
 
 
-def validate(obj: Any, rules: admin_policy.Policy | None = None,
+def validate(obj: Any, rules: admin_policy.AdminPolicy | None = None,
              secret_labels: Callable[[str], Mapping[str, str] | None] | None = None,
              priority_value: Callable[[str], int | None] | None = None
              ) -> tuple[list[str], list[str]]:
