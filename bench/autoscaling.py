@@ -65,7 +65,7 @@ def simulate(load: list[float], rule: str, start: int = 1, lo: int = 1, hi: int 
     current, history, changes = start, (), []
     ready_at = [0.0] * start  # when each asked-for pod becomes ready
     hpa_recs: list[tuple[float, int]] = []
-    policy = a.Policy(lo, hi, TARGET, delay)
+    policy = a.ScalingPolicy(lo, hi, TARGET, delay)
     for t, total in enumerate(load):
         ready = sum(1 for r in ready_at if r <= t)
         per_pod = total / max(1, ready)
@@ -73,7 +73,7 @@ def simulate(load: list[float], rule: str, start: int = 1, lo: int = 1, hi: int 
             pods = [a.PodSample(f"p{i}", state=a.READY if r <= t else a.LOADING,
                                 metric=per_pod if r <= t else 0.0)
                     for i, r in enumerate(ready_at)]
-            d = a.decide(pods, current, history, float(t), policy)
+            d = a.decide(a.ScalingRequest(pods, current, history, float(t), policy))
             history, desired = d.history, d.desired
         else:
             if t % HPA_SYNC_S:

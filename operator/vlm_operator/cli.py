@@ -52,7 +52,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not docs:
         print(f"error: {args.filename} holds no VLMDeployment", file=sys.stderr)
         return EXIT_USAGE
-    rules = admin_policy.Policy(prometheus_addresses=tuple(args.keda_prometheus_addresses))
+    rules = admin_policy.AdminPolicy(prometheus_addresses=tuple(args.keda_prometheus_addresses))
     rendered, failed = [], False
     for index, doc in enumerate(docs, start=1):
         if isinstance(doc, dict) and args.namespace:

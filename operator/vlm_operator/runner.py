@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from vlm_operator import metrics
-from vlm_operator.api.admin_policy import Policy
+from vlm_operator.api.admin_policy import AdminPolicy
 from vlm_operator.api.names import FINALIZER, STORAGE_PREFIX
 from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.engine.reachability import PodReads
@@ -97,12 +97,13 @@ def get_shard(args: argparse.Namespace) -> Shard:
     return Shard(index, max(1, args.shards))
 
 
-def get_policy(args: argparse.Namespace) -> Policy:
+def get_policy(args: argparse.Namespace) -> AdminPolicy:
     """The admin's policy from `vlm-operator run`'s flags."""
-    return Policy(tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label,
-                  deny_code_options=args.deny_code_options,
-                  autoscaling_modes=tuple(args.autoscaling_modes or Policy.autoscaling_modes),
-                  prometheus_addresses=tuple(args.keda_prometheus_addresses))
+    return AdminPolicy(
+        tuple(args.image_prefixes), tuple(args.priority_classes), args.secret_label,
+        deny_code_options=args.deny_code_options,
+        autoscaling_modes=tuple(args.autoscaling_modes or AdminPolicy.autoscaling_modes),
+        prometheus_addresses=tuple(args.keda_prometheus_addresses))
 
 
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:

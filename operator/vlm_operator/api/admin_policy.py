@@ -42,7 +42,7 @@ CODE_ENV = {
 
 
 @dataclass(frozen=True)
-class Policy:
+class AdminPolicy:
     image_prefixes: tuple[str, ...] = ()
     priority_classes: tuple[str, ...] = ()
     secret_label: str = ""  # "key=value" or "key" (any value); "": any Secret may be used
@@ -85,7 +85,7 @@ def secret_refs(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     return refs
 
 
-def prometheus_address(spec: Mapping[str, Any], policy: Policy) -> str | None:
+def prometheus_address(spec: Mapping[str, Any], policy: AdminPolicy) -> str | None:
     """The Prometheus a ScaledObject queries: the spec's (checked against the policy), else
     the first the admin configured."""
     prom = (spec.get("autoscaling") or {}).get("prometheus") or {}
@@ -93,7 +93,7 @@ def prometheus_address(spec: Mapping[str, Any], policy: Policy) -> str | None:
     return chosen or (policy.prometheus_addresses[0] if policy.prometheus_addresses else None)
 
 
-def problems(spec: Mapping[str, Any], policy: Policy,
+def problems(spec: Mapping[str, Any], policy: AdminPolicy,
              labels_of: Callable[[str], Mapping[str, str] | None],
              priority_of: Callable[[str], int | None] = lambda name: None) -> list[str]:
     """Every way a (schema-valid, defaulted) spec breaks the policy, as `field: why` lines.
@@ -130,7 +130,7 @@ def problems(spec: Mapping[str, Any], policy: Policy,
     return out
 
 
-def _priority_problems(spec: Mapping[str, Any], policy: Policy,
+def _priority_problems(spec: Mapping[str, Any], policy: AdminPolicy,
                        priority_of: Callable[[str], int | None]) -> list[str]:
     """spec.autoscaling.priority ranks a VLMDeployment for free GPUs as a PriorityClass value
     would: where PriorityClasses are restricted, it may not rank above the highest allowed."""
@@ -166,7 +166,7 @@ def _code_problems(spec: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _autoscaling_problems(spec: Mapping[str, Any], policy: Policy) -> list[str]:
+def _autoscaling_problems(spec: Mapping[str, Any], policy: AdminPolicy) -> list[str]:
     scaling = spec.get("autoscaling") or {}
     mode = crd.autoscaling_mode(spec)
     if mode is None:

@@ -103,3 +103,9 @@ def _copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_copy(v) for v in value]
     return value
+
+
+def section(obj: dict, key: str) -> dict:
+    """obj[key] when it is a mapping, else {}: spec checks run even on schema-invalid input."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubernetes.client.exceptions import ApiException
 
@@ -56,7 +56,7 @@ Key = tuple[str, str]
 class _State:
     history: tuple[a.Point, ...] = ()
     counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
-    last: tuple[int, str] | None = None
+    last: tuple[int, a.ScalingReason] | None = None
     limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
     wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
 
@@ -189,7 +189,7 @@ class Autoscaler:
 
     # -- one round
     def tick(self, body: dict, pods: list[dict],
-             scrapes: dict[str, reader.Scrape]) -> a.Decision | None:
+             scrapes: dict[str, reader.Scrape]) -> a.ScalingRecommendation | None:
         """One round for one VLMDeployment (body: the plain-dict snapshot runtime/periodic.py keeps;
         pods and their readings: this round's, runtime/rounds.py)."""
         started = time.monotonic()
@@ -215,8 +215,9 @@ class Autoscaler:
                    for p in pods]
         current = int(body["spec"].get("replicas", vlmd.spec["replicas"]))
         now = self.clock()
-        decision = a.decide(samples, current, state.history, now,
-                            a.policy_from_spec(vlmd.spec["autoscaling"]))
+        decision = a.decide(a.ScalingRequest(
+            samples, current, state.history, now,
+            a.scaling_policy_from_spec(vlmd.spec["autoscaling"])))
         state.history = decision.history
         desired, reason, message = decision.desired, decision.reason, decision.message
         # a surge replacement's GPU stands in for its sick pod's: not one of the replicas
@@ -227,7 +228,8 @@ class Autoscaler:
         granted, limited = self._grant(vlmd, current, bound, desired)
         if limited is not None:
             message = f"{message}; {limited[1]}"
-            reason = "ScalingLimited" if limited[0] == "InsufficientGPUs" else limited[0]
+            reason = a.ScalingReason.SCALING_LIMITED if limited[0] == "InsufficientGPUs" \
+                else a.ScalingReason.GPU_BUDGET_UNKNOWN
             desired = granted
             limited = (limited[0], message)
         self._set_limited(body, state, limited)
@@ -235,7 +237,7 @@ class Autoscaler:
                   meta.get("resourceVersion"))
         self._record(vlmd, decision, samples, current, desired, reason, message, state)
         metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
-        return a.Decision(desired, reason, message, decision.need, decision.history)
+        return replace(decision, desired=desired, reason=reason, message=message)
 
     def _act(self, vlmd: VLMDeployment, samples: list[a.PodSample], current: int, desired: int,
              pods: list[dict], now: float, state: _State, seen: str | None) -> None:
@@ -286,8 +288,9 @@ class Autoscaler:
         if changed:
             self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
-    def _record(self, vlmd: VLMDeployment, decision: a.Decision, samples: list[a.PodSample],
-                current: int, desired: int, reason: str, message: str, state: _State) -> None:
+    def _record(self, vlmd: VLMDeployment, decision: a.ScalingRecommendation,
+                samples: list[a.PodSample], current: int, desired: int,
+                reason: a.ScalingReason, message: str, state: _State) -> None:
         ns, name = vlmd.namespace, vlmd.name
         if decision.need is not None:
             metrics.AUTOSCALER_NEED.labels(ns, name).set(decision.need)

@@ -1,4 +1,6 @@
-"""Builtin autoscaling decisions. Pure: samples, history and time in; replicas and reasons out.
+"""Builtin autoscaling decisions. Pure and stateless: one ScalingRequest in (the pods' samples,
+the current replicas, the need history, the time, the ScalingPolicy), one ScalingRecommendation
+out (the replicas wanted, a ScalingReason, a message, and the history to pass next time).
 
 The acting side (autoscaling/autoscaler.py) scrapes each pod's /metrics and feeds PodSamples here.
 
@@ -32,7 +34,9 @@ its drain limit (an overloaded pod is exactly the one that answers slowly).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 from vlm_operator.api.names import DRAIN_SINCE
@@ -65,7 +69,9 @@ class PodSample:
 
 
 @dataclass(frozen=True)
-class Policy:
+class ScalingPolicy:
+    """spec.autoscaling, as the decision reads it."""
+
     min_replicas: int = 1
     max_replicas: int = 1
     target: float = 5.0
@@ -73,10 +79,10 @@ class Policy:
     multimodal_weight: float = 1.0
 
 
-def policy_from_spec(autoscaling: dict) -> Policy:
+def scaling_policy_from_spec(autoscaling: dict) -> ScalingPolicy:
     """The policy of spec.autoscaling; the schema's defaults fill what it leaves out."""
     spec = with_defaults({"autoscaling": dict(autoscaling)})["autoscaling"]
-    return Policy(
+    return ScalingPolicy(
         min_replicas=int(spec["minReplicas"]),
         max_replicas=int(spec["maxReplicas"]),
         target=float(spec["target"]),
@@ -91,13 +97,47 @@ class Point(NamedTuple):
     smooth: float  # mean need over the SMOOTH_WINDOW_S up to t
 
 
+class ScalingReason(StrEnum):
+    """Why a recommendation wants the replicas it does: CamelCase, written into
+    status.autoscaling.reason and used as the decisions metric's label. `decide` gives all but
+    the last two; the autoscaler gives those when the GPU budget holds a scale-up back."""
+
+    BELOW_MIN_REPLICAS = "BelowMinReplicas"
+    ABOVE_MAX_REPLICAS = "AboveMaxReplicas"
+    NO_METRICS = "NoMetrics"
+    AT_MAX_REPLICAS = "AtMaxReplicas"
+    SCALE_UP = "ScaleUp"
+    LOAD_UNKNOWN = "LoadUnknown"
+    SCALE_DOWN_DELAYED = "ScaleDownDelayed"
+    SCALE_DOWN = "ScaleDown"
+    WITHIN_TARGET = "WithinTarget"
+    SCALING_LIMITED = "ScalingLimited"  # the free GPUs do not fit the scale-up
+    GPU_BUDGET_UNKNOWN = "GPUBudgetUnknown"  # the free GPUs are not known
+
+
 @dataclass(frozen=True)
-class Decision:
-    desired: int
-    reason: str  # CamelCase, also the metrics label
-    message: str
-    need: float | None
+class ScalingRequest:
+    """Everything one decision reads. pods: this round's samples (any iterable; kept as a
+    tuple); history: what the last recommendation returned, () at first."""
+
+    pods: tuple[PodSample, ...]
+    current: int
     history: tuple[Point, ...]
+    now: float
+    policy: ScalingPolicy
+
+    def __post_init__(self) -> None:
+        pods: Iterable[PodSample] = self.pods
+        object.__setattr__(self, "pods", tuple(pods))
+
+
+@dataclass(frozen=True)
+class ScalingRecommendation:
+    desired: int
+    reason: ScalingReason
+    message: str
+    need: float | None  # replicas the load needs (fractional); None: no pod could be read
+    history: tuple[Point, ...]  # pass on in the next request
 
 
 def images_per_request(prev: tuple[float, float] | None, cur: tuple[float, float],
@@ -111,7 +151,7 @@ def images_per_request(prev: tuple[float, float] | None, cur: tuple[float, float
     return images / done
 
 
-def load_need(pods: list[PodSample], policy: Policy) -> float | None:
+def load_need(pods: Iterable[PodSample], policy: ScalingPolicy) -> float | None:
     """Replicas (fractional) the ready pods' load needs; None when no pod could be scraped."""
     ready = [p for p in pods if p.state == READY]
     if not ready:
@@ -125,13 +165,14 @@ def load_need(pods: list[PodSample], policy: Policy) -> float | None:
     return max(metric_need, sum(p.kv_cache for p in ready) / KV_HIGH)
 
 
-def keep_seconds(policy: Policy) -> float:
+def keep_seconds(policy: ScalingPolicy) -> float:
     return max(policy.scale_down_delay_s, SMOOTH_WINDOW_S) + UP_WINDOW_S + 5
 
 
-def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now: float,
-           policy: Policy) -> Decision:
+def decide(request: ScalingRequest) -> ScalingRecommendation:
     """The replicas wanted now, before the GPU budget; history is returned updated."""
+    pods, current, history = request.pods, request.current, request.history
+    now, policy = request.now, request.policy
     lo, hi = policy.min_replicas, max(policy.min_replicas, policy.max_replicas)
     need = load_need(pods, policy)
     history = tuple(p for p in history if p.t >= now - keep_seconds(policy))
@@ -139,15 +180,17 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
         window = [p.need for p in history if p.t > now - SMOOTH_WINDOW_S] + [need]
         history = (*history, Point(now, need, sum(window) / len(window)))
 
-    def done(desired: int, reason: str, message: str) -> Decision:
-        return Decision(desired, reason, message, need, history)
+    def done(desired: int, reason: ScalingReason, message: str) -> ScalingRecommendation:
+        return ScalingRecommendation(desired, reason, message, need, history)
 
     if current < lo:
-        return done(lo, "BelowMinReplicas", f"{current} replicas is below minReplicas {lo}")
+        return done(lo, ScalingReason.BELOW_MIN_REPLICAS,
+                    f"{current} replicas is below minReplicas {lo}")
     if current > hi:
-        return done(hi, "AboveMaxReplicas", f"{current} replicas is above maxReplicas {hi}")
+        return done(hi, ScalingReason.ABOVE_MAX_REPLICAS,
+                    f"{current} replicas is above maxReplicas {hi}")
     if need is None:
-        return done(current, "NoMetrics", "no ready pod to read load from")
+        return done(current, ScalingReason.NO_METRICS, "no ready pod to read load from")
     unknown = sorted(p.name for p in pods if p.state == UNKNOWN)
 
     recent = [p.need for p in history if p.t >= now - UP_WINDOW_S]
@@ -162,27 +205,28 @@ def decide(pods: list[PodSample], current: int, history: tuple[Point, ...], now:
                                f"{SMOOTH_WINDOW_S:g} s"
     if up > current:
         if current >= hi:
-            return done(hi, "AtMaxReplicas", f"{why}, held at maxReplicas {hi}")
-        return done(min(up, hi), "ScaleUp", why)
+            return done(hi, ScalingReason.AT_MAX_REPLICAS, f"{why}, held at maxReplicas {hi}")
+        return done(min(up, hi), ScalingReason.SCALE_UP, why)
 
     delay = policy.scale_down_delay_s
     peak = max(p.smooth for p in history if p.t >= now - delay)
     down = max(lo, _ceil(peak / (1 - TOLERANCE)))
     if down < current and unknown:
-        return done(current, "LoadUnknown", f"not scaling down: the load of {', '.join(unknown)} "
-                    "is unknown (/metrics unreadable)")
+        return done(current, ScalingReason.LOAD_UNKNOWN,
+                    f"not scaling down: the load of {', '.join(unknown)} is unknown (/metrics "
+                    "unreadable)")
     if down >= current > max(lo, _ceil(need / (1 - TOLERANCE))):
-        return done(current, "ScaleDownDelayed",
+        return done(current, ScalingReason.SCALE_DOWN_DELAYED,
                     f"load is low now (need {need:.2f}) but needed {peak:.2f} replicas within "
                     f"the {delay:g} s scale-down delay")
     if down < current:
         if history[0].t > now - delay:
-            return done(current, "ScaleDownDelayed",
+            return done(current, ScalingReason.SCALE_DOWN_DELAYED,
                         f"load is low (need {peak:.2f}) for {now - history[0].t:.0f} s of the "
                         f"{delay:g} s scale-down delay")
-        return done(down, "ScaleDown",
+        return done(down, ScalingReason.SCALE_DOWN,
                     f"need at most {peak:.2f} replicas over the last {delay:g} s")
-    return done(current, "WithinTarget", f"need {need:.2f} replicas for {current}")
+    return done(current, ScalingReason.WITHIN_TARGET, f"need {need:.2f} replicas for {current}")
 
 
 def _ceil(x: float) -> int:

@@ -56,7 +56,7 @@ ReportProvider = Callable[[str, str], list[Report]]
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, rules: admin_policy.Policy | None = None):
+    def __init__(self, kube: Kube, rules: admin_policy.AdminPolicy | None = None):
         self.kube = kube
         self.rules = rules  # the cluster admin's policy (admin_policy.py); None: none
         self.report_providers: list[ReportProvider] = []
@@ -167,7 +167,8 @@ class Reconciler:
             self._delete_unwanted(body, vlmd, hpa_version, keda)
         surge = incidents.surge(body["metadata"].get("annotations"))
         failures, foreign = [], []
-        address = admin_policy.prometheus_address(vlmd.spec, self.rules or admin_policy.Policy())
+        address = admin_policy.prometheus_address(vlmd.spec,
+                                                  self.rules or admin_policy.AdminPolicy())
         for child in children.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
                                            surge, address,
                                            self.kube.pdb_unhealthy_pod_eviction):
@@ -217,7 +218,7 @@ class Reconciler:
     def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
         """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
         the same name that is not ours (another controller's, a user's) stays."""
-        served = (self.rules or admin_policy.Policy()).autoscaling_modes
+        served = (self.rules or admin_policy.AdminPolicy()).autoscaling_modes
         for api_version, kind, child_name in autoscaler_objects.get_unwanted(
                 vlmd, hpa_version, keda, served):
             obj = self.kube.get(api_version, kind, vlmd.namespace, child_name)

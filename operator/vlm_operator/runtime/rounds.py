@@ -14,7 +14,7 @@ from __future__ import annotations
 from vlm_operator.api import crd
 from vlm_operator.api.validation import SpecError, parse
 from vlm_operator.autoscaling.autoscaler import Autoscaler, metric_names
-from vlm_operator.autoscaling.decide import policy_from_spec
+from vlm_operator.autoscaling.decide import scaling_policy_from_spec
 from vlm_operator.desired import children
 from vlm_operator.engine.reachability import PodReads
 from vlm_operator.engine.reader import Scraper
@@ -49,7 +49,7 @@ class Rounds:
         if crd.autoscaling_mode(spec) != "Builtin":
             return False
         try:
-            return int(spec.get("replicas", 1)) < policy_from_spec(
+            return int(spec.get("replicas", 1)) < scaling_policy_from_spec(
                 spec["autoscaling"]).min_replicas
         except (TypeError, ValueError, KeyError):
             return True  # a spec the round must report on

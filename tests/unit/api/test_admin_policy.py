@@ -5,6 +5,7 @@ Prometheus KEDA may query."""
 import pytest
 
 from vlm_operator.api import admin_policy, crd
+from vlm_operator.api.admin_policy import AdminPolicy
 from vlm_operator.api.validation import validate
 from vlm_operator.cli import build_parser
 from vlm_operator.reconcile.status import get_status
@@ -25,7 +26,7 @@ def labels_of(existing):
 def test_off_by_default():
     spec = cr(image="evil.example/miner:v0.20.2", scheduling={
         "priorityClassName": "system-cluster-critical"}, hfTokenSecretRef={"name": "any"})
-    assert validate(spec) == validate(spec, admin_policy.Policy()) == ([], [])
+    assert validate(spec) == validate(spec, AdminPolicy()) == ([], [])
 
 
 @pytest.mark.parametrize("image,ok", [
@@ -43,7 +44,7 @@ def test_image_prefixes_match_at_a_boundary(image, ok):
 
 
 def test_image_rule_names_the_field_and_the_rule():
-    rules = admin_policy.Policy(image_prefixes=("reg.example/vllm/",))
+    rules = AdminPolicy(image_prefixes=("reg.example/vllm/",))
     assert validate(cr(), rules) == ([], [])
     problems, _ = validate(cr(image="evil.example/vllm:v0.20.2"), rules)
     assert problems == ["spec.image: 'evil.example/vllm:v0.20.2' is not allowed by the operator's "
@@ -55,7 +56,7 @@ def test_image_rule_names_the_field_and_the_rule():
 
 
 def test_priority_class_rule():
-    rules = admin_policy.Policy(priority_classes=("gpu-batch", "gpu-online"))
+    rules = AdminPolicy(priority_classes=("gpu-batch", "gpu-online"))
     assert validate(cr(), rules)[0] == []  # none set: the cluster's default
     assert validate(cr(scheduling={"priorityClassName": "gpu-online"}), rules)[0] == []
     assert validate(cr(scheduling={"priorityClassName": "system-node-critical"}), rules)[0] == [
@@ -64,7 +65,7 @@ def test_priority_class_rule():
 
 
 def test_secret_rule_checks_every_reference():
-    rules = admin_policy.Policy(secret_label=LABEL)
+    rules = AdminPolicy(secret_label=LABEL)
     spec = cr(hfTokenSecretRef={"name": "hf"}, vllm={"env": [
         {"name": "A", "value": "1"},
         {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}},
@@ -82,19 +83,19 @@ def test_secret_rule_checks_every_reference():
     existing["gone"] = {"vlm-operator.dev/referable": "true"}
     assert validate(spec, rules, labels_of(existing))[0] == []
     # a key alone: any value
-    assert validate(spec, admin_policy.Policy(secret_label="team"), labels_of(
+    assert validate(spec, AdminPolicy(secret_label="team"), labels_of(
         {n: {"team": "x"} for n in ("hf", "db", "gone")}))[0] == []
 
 
 def test_policy_is_checked_only_on_an_otherwise_valid_spec():
     calls = []
     problems, _ = validate(cr(replicas=-1, hfTokenSecretRef={"name": "hf"}),
-                           admin_policy.Policy(secret_label=LABEL), calls.append)
+                           AdminPolicy(secret_label=LABEL), calls.append)
     assert problems == ["spec.replicas: -1 is less than the minimum of 0"] and calls == []
 
 
 def test_violations_make_spec_valid_false():
-    problems, _ = validate(cr(image="evil/x:v0.20.2"), admin_policy.Policy(image_prefixes=("ok/",)))
+    problems, _ = validate(cr(image="evil/x:v0.20.2"), AdminPolicy(image_prefixes=("ok/",)))
     st = get_status(name="m", generation=1, old={}, vlmd=None, problems=problems,
                     deployment=None, pods=[], now="2026-01-01T00:00:00Z", reports=[])
     (cond,) = [c for c in st["conditions"] if c["type"] == "SpecValid"]
@@ -106,18 +107,18 @@ def test_autoscaling_priority_is_bounded_by_the_allowed_priority_classes():
     """Allowing only `low` must not let a tenant rank first for free GPUs through
     spec.autoscaling.priority."""
     values = {"low": 100, "mid": 1000}.get
-    rules = admin_policy.Policy(priority_classes=("low",))
+    rules = AdminPolicy(priority_classes=("low",))
     ranked = cr(autoscaling={"enabled": True, "priority": 1000000})
-    assert validate(ranked, admin_policy.Policy(), priority_value=values)[0] == []  # no rule: any
+    assert validate(ranked, AdminPolicy(), priority_value=values)[0] == []  # no rule: any
     assert validate(ranked, rules, priority_value=values)[0] == [
         "spec.autoscaling.priority: 1000000 ranks above the highest allowed PriorityClass value "
         "(100); the operator's policy allows the PriorityClasses 'low', and this rank decides "
         "who gets free GPUs first"]
     assert validate(cr(autoscaling={"priority": 100}), rules, priority_value=values)[0] == []
-    assert validate(cr(autoscaling={"priority": 999}), admin_policy.Policy(
+    assert validate(cr(autoscaling={"priority": 999}), AdminPolicy(
         priority_classes=("low", "mid")), priority_value=values)[0] == []
     # an allowed class that does not exist allows no explicit rank
-    problems, _ = validate(cr(autoscaling={"priority": 1}), admin_policy.Policy(
+    problems, _ = validate(cr(autoscaling={"priority": 1}), AdminPolicy(
         priority_classes=("gone",)), priority_value=values)
     assert problems and "none of them exists" in problems[0]
 
@@ -128,8 +129,8 @@ def test_code_options_are_refused_when_the_admin_asks():
                     "env": [{"name": "PYTHONPATH", "value": "/tmp/x"},
                             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
                             {"name": "HF_ENDPOINT", "value": "http://hub.evil"}]})
-    assert validate(spec, admin_policy.Policy())[0] == []  # off by default
-    problems, _ = validate(spec, admin_policy.Policy(deny_code_options=True))
+    assert validate(spec, AdminPolicy())[0] == []  # off by default
+    problems, _ = validate(spec, AdminPolicy(deny_code_options=True))
     assert [p.split(":")[0] for p in problems] == [
         "spec.vllm.extraArgs[1]", "spec.vllm.extraArgs[2]", "spec.vllm.env[0].name",
         "spec.vllm.env[1].name", "spec.vllm.env[2].name"]
@@ -138,7 +139,7 @@ def test_code_options_are_refused_when_the_admin_asks():
 
 
 def test_modes_not_served_are_refused():
-    rules = admin_policy.Policy(autoscaling_modes=("Builtin",))
+    rules = AdminPolicy(autoscaling_modes=("Builtin",))
     assert validate(cr(autoscaling={"enabled": True}), rules)[0] == []
     assert validate(cr(autoscaling={"enabled": False, "mode": "HPA"}), rules)[0] == []
     problems, _ = validate(cr(autoscaling={"enabled": True, "mode": "HPA"}), rules)
@@ -151,7 +152,7 @@ def test_keda_queries_only_a_prometheus_the_admin_named():
     """keda-operator GETs the address from its own network position: the tenant may not pick
     it (cloud metadata, cluster-internal services, another team's Prometheus)."""
     keda = {"enabled": True, "mode": "KEDA"}
-    admin = admin_policy.Policy(prometheus_addresses=("http://prom.monitoring:9090",
+    admin = AdminPolicy(prometheus_addresses=("http://prom.monitoring:9090",
                                                 "http://prom2.monitoring:9090"))
     assert validate(cr(autoscaling=keda), admin)[0] == []
     assert admin_policy.prometheus_address(cr(autoscaling=keda)["spec"], admin) == \
@@ -166,9 +167,9 @@ def test_keda_queries_only_a_prometheus_the_admin_named():
         "Prometheus the operator's policy allows (KEDA queries it from its own network "
         "position); use one of 'http://prom.monitoring:9090', 'http://prom2.monitoring:9090' "
         "or leave it unset"]
-    assert validate(own, admin_policy.Policy())[0][0].endswith(
+    assert validate(own, AdminPolicy())[0][0].endswith(
         "the admin sets the allowed ones with the chart value policy.kedaPrometheusAddresses")
-    assert validate(cr(autoscaling=keda), admin_policy.Policy())[0] == [
+    assert validate(cr(autoscaling=keda), AdminPolicy())[0] == [
         "spec.autoscaling.prometheus.serverAddress: KEDA mode needs a Prometheus, and the "
         "operator has none configured (chart value policy.kedaPrometheusAddresses, flag "
         "--keda-prometheus-address)"]
@@ -181,11 +182,11 @@ def test_run_flags():
     assert (args.image_prefixes, args.priority_classes, args.secret_label) == (
         ["a/", "b/"], ["gpu"], LABEL)
     from vlm_operator.runner import get_policy
-    assert get_policy(args) == admin_policy.Policy(("a/", "b/"), ("gpu",), LABEL)
+    assert get_policy(args) == AdminPolicy(("a/", "b/"), ("gpu",), LABEL)
     args = build_parser().parse_args([
         "run", "--deny-code-options", "--autoscaling-mode", "Builtin", "--autoscaling-mode",
         "KEDA", "--keda-prometheus-address", "http://p:9090"])
-    assert get_policy(args) == admin_policy.Policy(
+    assert get_policy(args) == AdminPolicy(
         deny_code_options=True, autoscaling_modes=("Builtin", "KEDA"),
         prometheus_addresses=("http://p:9090",))
     with pytest.raises(SystemExit):

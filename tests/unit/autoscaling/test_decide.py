@@ -12,8 +12,8 @@ from vlm_operator.desired import autoscaler_objects as ab
 from vlm_operator.desired import children
 from vlm_operator.k8s import nodes as gpu_budget
 
-POLICY = a.Policy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=60,
-                  multimodal_weight=1.0)
+POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=60,
+                         multimodal_weight=1.0)
 
 
 def pods(*waiting, state=a.READY, kv=0.0, ipr=0.0):
@@ -25,7 +25,7 @@ def run(trace, current=1, policy=POLICY, step=1.0, start=0.0):
     """Feed (pods) per second; apply every decision at once. Returns (replicas, decisions)."""
     history, out = (), []
     for i, sample in enumerate(trace):
-        d = a.decide(sample, current, history, start + i * step, policy)
+        d = a.decide(a.ScalingRequest(sample, current, history, start + i * step, policy))
         history = d.history
         out.append(d)
         current = d.desired
@@ -84,7 +84,7 @@ def test_scale_down_waits_for_the_delay_then_goes_to_what_the_peak_needs():
 
 
 def test_zero_delay_scales_down_at_once():
-    policy = a.Policy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=0)
+    policy = a.ScalingPolicy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=0)
     current, _ = run([pods(0, 0, 0)] * 2, current=3, policy=policy)
     assert current == 1
 
@@ -98,19 +98,20 @@ def test_no_scale_down_right_after_operator_start():
 def test_steady_noisy_load_changes_replicas_only_at_the_start(seed):
     rng = random.Random(seed)
     trace = [pods(*(max(0.0, rng.gauss(4, 2)) for _ in range(3))) for _ in range(600)]
-    _, ds = run(trace, current=3, policy=a.Policy(1, 10, 5, 300))
+    _, ds = run(trace, current=3, policy=a.ScalingPolicy(1, 10, 5, 300))
     changes = [i for i in range(1, len(ds)) if ds[i].desired != ds[i - 1].desired]
     assert all(i < 60 for i in changes), changes
 
 
 def test_bounds():
-    policy = a.Policy(min_replicas=2, max_replicas=3, target=5, scale_down_delay_s=0)
-    assert a.decide(pods(0), 1, (), 0, policy).reason == "BelowMinReplicas"
-    assert a.decide(pods(0), 1, (), 0, policy).desired == 2
-    assert a.decide(pods(0), 5, (), 0, policy).desired == 3
+    policy = a.ScalingPolicy(min_replicas=2, max_replicas=3, target=5, scale_down_delay_s=0)
+    assert a.decide(a.ScalingRequest(pods(0), 1, (), 0, policy)).reason == "BelowMinReplicas"
+    assert a.decide(a.ScalingRequest(pods(0), 1, (), 0, policy)).desired == 2
+    assert a.decide(a.ScalingRequest(pods(0), 5, (), 0, policy)).desired == 3
     _, ds = run([pods(100, 100, 100)] * 3, current=3, policy=policy)
     assert (ds[-1].desired, ds[-1].reason) == (3, "AtMaxReplicas")
-    assert a.decide(pods(100, 100), 2, (), 0, policy).reason == "WithinTarget"  # one round
+    one_round = a.decide(a.ScalingRequest(pods(100, 100), 2, (), 0, policy))
+    assert one_round.reason == "WithinTarget"
     _, ds = run([pods(100, 100)] * 3, current=2, policy=policy)
     assert max(d.desired for d in ds) == 3
     _, ds = run([pods(0, 0, 0)] * 3, current=3, policy=policy)
@@ -125,13 +126,28 @@ def test_loading_pods_count_as_capacity_on_the_way():
 
 
 def test_no_ready_pod_holds():
-    d = a.decide(pods(0, state=a.LOADING), 2, (), 0, POLICY)
+    d = a.decide(a.ScalingRequest(pods(0, state=a.LOADING), 2, (), 0, POLICY))
     assert (d.desired, d.reason, d.need) == (2, "NoMetrics", None)
 
 
+def test_one_frozen_request_in_one_recommendation_with_a_closed_reason_out():
+    samples = pods(20, 20)
+    request = a.ScalingRequest(samples, 2, (), 0.0, POLICY)
+    samples.append(a.PodSample("late"))  # the request keeps what it was given
+    assert request.pods == tuple(pods(20, 20))
+    with pytest.raises(AttributeError):
+        request.current = 3  # type: ignore[misc]
+    first = a.decide(request)
+    assert a.decide(request) == first  # stateless: the same request, the same answer
+    assert isinstance(first.reason, a.ScalingReason)
+    _, ds = run([pods(0)] * 10 + [pods(40, 40)] * 70 + [pods(0)] * 200, current=2)
+    assert {d.reason for d in ds} <= set(a.ScalingReason)
+    assert f"{a.ScalingReason.SCALE_UP}" == "ScaleUp"  # status.autoscaling and metric labels
+
+
 def test_history_is_trimmed():
-    _, ds = run([pods(0)] * 500, policy=a.Policy(1, 2, 5, 60))
-    assert len(ds[-1].history) <= a.keep_seconds(a.Policy(1, 2, 5, 60)) + 1
+    _, ds = run([pods(0)] * 500, policy=a.ScalingPolicy(1, 2, 5, 60))
+    assert len(ds[-1].history) <= a.keep_seconds(a.ScalingPolicy(1, 2, 5, 60)) + 1
 
 
 # ---------------------------------------------------------------- GPU budget
@@ -329,7 +345,7 @@ def test_unknown_load_is_not_zero():
     down victim, its load 0, and deleted at once while draining."""
     quiet = pods(0, 0, 0)
     unknown = [*pods(0, 0), a.PodSample("slow", state=a.UNKNOWN)]
-    policy = a.Policy(1, 3, 5, 0)
+    policy = a.ScalingPolicy(1, 3, 5, 0)
     _, ds = run([quiet] * 40, current=3, policy=policy)
     assert min(d.desired for d in ds) < 3  # idle pods are scaled down...
     current, ds = run([unknown] * 40, current=3, policy=policy)
@@ -337,10 +353,10 @@ def test_unknown_load_is_not_zero():
     assert "slow" in ds[-1].message
     # the known pods' load is a lower bound: it may still scale up
     current, _ = run([[*pods(30, 30), a.PodSample("slow", state=a.UNKNOWN)]] * 5, current=3,
-                     policy=a.Policy(1, 20, 5, 0))
+                     policy=a.ScalingPolicy(1, 20, 5, 0))
     assert current > 3
-    assert a.decide([a.PodSample("slow", state=a.UNKNOWN)], 2, (), 0, POLICY).reason == \
-        "NoMetrics"
+    alone = a.ScalingRequest([a.PodSample("slow", state=a.UNKNOWN)], 2, (), 0, POLICY)
+    assert a.decide(alone).reason == "NoMetrics"
     # never a victim, and a draining one waits out its drain limit
     assert [p.name for p in a.victim_order(unknown)] == ["p0", "p1"]
     plan = a.plan_scale_down(unknown, 2, 3, {"slow": 0}, 10)
