@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 from vlm_operator.api import log_signatures
 from vlm_operator.api.validation import VLMDeployment
@@ -71,6 +72,19 @@ class Owner:
         self.told = {mark for mark in self.told if mark[0][0] != uid}
         self.decided = {k: t for k, t in self.decided.items() if k[0] != uid}
         self.backoff.pop(uid, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One open incident with what its decision read from the cluster, read once."""
+
+    namespace: str
+    name: str
+    owner: Owner
+    body: dict  # the VLMDeployment
+    pods: list[dict]
+    pod: dict  # the incident's pod
+    incident: Incident
 
 
 def due(last: float) -> bool:

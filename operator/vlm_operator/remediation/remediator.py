@@ -49,7 +49,7 @@ from vlm_operator.remediation.incidents import (
     pending_claims,
     stamp,
 )
-from vlm_operator.remediation.intake import RECONSIDER_S, Key, Owner, due
+from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
 from vlm_operator.remediation.policy import (
     NOT_SERVING,
     RESTART,
@@ -233,24 +233,25 @@ class Remediator:
         if found is None or pod is None:
             owner.close(key)
             return False
-        request = self._gather(owner, body, pods, pod, incident)
-        plan = decide(request)
+        case = Case(namespace, name, owner, body, pods, pod, incident)
+        plan = decide(self._gather(case))
         if plan.act:
             attempts = owner.backoff.get(incident.uid, (0, None))[0]
             owner.close(key)
             try:
-                self._act(namespace, name, owner, body, pods, pod, incident, plan)
+                self._act(case, plan)
             except ApiException as exc:
-                self._failed(namespace, name, owner, body, pod, incident, exc, attempts)
+                self._failed(case, exc, attempts)
                 return False
             owner.backoff.pop(incident.uid, None)
             return True
-        self._hold(namespace, name, owner, body, pod, incident, plan)
+        self._hold(case, plan)
         return False
 
-    def _gather(self, owner: Owner, body: dict, pods: list[dict], pod: dict,
-                incident: Incident) -> PlanRequest:
+    def _gather(self, case: Case) -> PlanRequest:
         """The plan's inputs, read once (/health, free GPUs: only where they matter)."""
+        owner, body, pods, pod, incident = (case.owner, case.body, case.pods, case.pod,
+                                            case.incident)
         _, rule = owner.policy.rule_for(incident.signature)
         policy = owner.policy
         views = tuple(guards.pod_view(p, self.engine_dead(p["metadata"]["uid"]),
@@ -269,14 +270,14 @@ class Remediator:
                 "annotations")), backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
             health=health, spare_gpus=spare)
 
-    def _hold(self, namespace: str, name: str, owner: Owner, body: dict, pod: dict,
-              incident: Incident, plan: RemediationPlan) -> None:
+    def _hold(self, case: Case, plan: RemediationPlan) -> None:
         """A plan that does not act: held (told once), kept open (in progress), or closed."""
+        namespace, name, owner, incident = case.namespace, case.name, case.owner, case.incident
         key = (incident.uid, incident.key)
         was_held = key in owner.held
         if plan.holds:
             owner.held = {**owner.held, key: plan}
-            self._tell_held(namespace, name, owner, body, pod, incident, plan)
+            self._tell_held(case, plan)
             return
         if plan.reason in GUARDS:
             owner.skip_once(key, plan.reason, incident)
@@ -299,27 +300,30 @@ class Remediator:
             log.info("free GPUs unknown: %s", exc)
             return None
 
-    def _tell_held(self, namespace: str, name: str, owner: Owner, body: dict, pod: dict,
-                   incident: Incident, plan: RemediationPlan) -> None:
+    def _tell_held(self, case: Case, plan: RemediationPlan) -> None:
         """A held incident: the metric, an Event and lastRemediation once per reason."""
+        owner, incident = case.owner, case.incident
         key = (incident.uid, incident.key)
         if (key, incident.first, plan.reason) in owner.told:
             return
         owner.skip_once(key, plan.reason, incident)
-        events.held(self.kube, namespace, name, pod, incident, plan.message, body)
-        self.reconcile(namespace, name)
+        events.held(self.kube, case.namespace, case.name, case.pod, incident, plan.message,
+                    case.body)
+        self.reconcile(case.namespace, case.name)
 
-    def _failed(self, namespace: str, name: str, owner: Owner, body: dict, pod: dict,
-                incident: Incident, exc: ApiException, attempts: int) -> None:
+    def _failed(self, case: Case, exc: ApiException, attempts: int) -> None:
         """An action's API call failed: back off, keep the incident open, say so."""
+        owner, incident = case.owner, case.incident
         until = time.time() + backoff_s(attempts + 1)
         owner.backoff[incident.uid] = (attempts + 1, until)
         owner.open = {**owner.open, (incident.uid, incident.key): incident}
-        events.failed(self.kube, namespace, name, pod, incident, exc, until, body)
+        events.failed(self.kube, case.namespace, case.name, case.pod, incident, exc, until,
+                      case.body)
 
     # -- executing
-    def _act(self, namespace: str, name: str, owner: Owner, body: dict, pods: list[dict],
-             pod: dict, incident: Incident, plan: RemediationPlan) -> None:
+    def _act(self, case: Case, plan: RemediationPlan) -> None:
+        namespace, name, owner, body, pod, incident = (case.namespace, case.name, case.owner,
+                                                       case.body, case.pod, case.incident)
         self._record(owner, namespace, name)  # first: a crash after the action must not
         # leave the budget short (one extra count is the safe side)
         log.info("%s/%s: %s", namespace, name, plan.message)
@@ -336,7 +340,7 @@ class Remediator:
             record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
                               incident.last, stamp(time.time()),
                               int(body["spec"].get("replicas", 1)),
-                              before=actions.pod_uids(pods) if plan.action == REPLACE else ())
+                              before=actions.pod_uids(case.pods) if plan.action == REPLACE else ())
             self.write_in_flight(namespace, name, owner, add=record)
             if plan.action == SCALE_DOWN:  # out of the Service now; the steps drain it
                 self.kube.patch_pod(namespace, incident.pod,
