@@ -13,7 +13,7 @@ import yaml
 from vlm_operator.api import admin_policy, crd, names
 from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.desired import children
-from vlm_operator.remediation import decide as remediation
+from vlm_operator.remediation import steps as remediation
 
 EXIT_USAGE = 2
 # A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.

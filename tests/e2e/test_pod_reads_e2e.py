@@ -12,7 +12,7 @@ import uuid
 import pytest
 from kube_helpers import SESSION_NS_PREFIX, metric
 
-from vlm_operator.remediation.decide import DRAIN_MIN_S
+from vlm_operator.remediation.steps import DRAIN_MIN_S
 from vlm_testbed.failure_matrix import Bed, instance
 from vlm_testbed.firewall import Firewall
 

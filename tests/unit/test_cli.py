@@ -113,7 +113,7 @@ def test_scan_logs_on_real_logs():
 
 def test_node_drain_wait_is_a_run_flag_that_never_waits_for_ever(capsys):
     from vlm_operator.cli import build_parser
-    from vlm_operator.remediation.decide import NODE_DRAIN_WAIT_S
+    from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S
 
     parser = build_parser()
     assert parser.parse_args(["run"]).node_drain_wait_seconds == NODE_DRAIN_WAIT_S

@@ -1,6 +1,6 @@
 """Log watching: a follower per managed pod (stream.py), detections counted into incidents
 (remediation/incidents.py), incidents handed to the Remediator (remediation/remediator.py), and
-what pod status alone shows (remediation.pod_findings).
+what pod status alone shows (remediation/findings.py).
 
 Pods are tracked from kopf pod events (no kopf daemon: daemons put a finalizer on every pod,
 which would keep pods Terminating whenever the operator is down). Acting twice is prevented by
@@ -26,9 +26,11 @@ from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
 from vlm_operator.logs.stream import Follower
 from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
-from vlm_operator.remediation import decide as remediation
+from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
+from vlm_operator.remediation.policy import NOT_FROM_LOG
 from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.steps import DRAIN_TIMEOUT_S, NODE_DRAIN_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,8 @@ class LogWatch:
                  may_act: Callable[[str], bool] | None = None,
                  replica_fits: Callable | None = None,
                  leaving_nodes: Callable | None = None,
-                 drain_timeout_s: float = remediation.DRAIN_TIMEOUT_S,
-                 node_drain_wait_s: float = remediation.NODE_DRAIN_WAIT_S,
+                 drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                 node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
                  heartbeats: Heartbeats | None = None) -> None:
@@ -86,7 +88,7 @@ class LogWatch:
                                      node_drain_wait_s=node_drain_wait_s).start()
         self._lock = threading.Lock()
         self._followers: dict[str, Follower] = {}
-        self._findings: dict[tuple[str, str], dict[str, list[remediation.Finding]]] = {}
+        self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
         self._events_sent: set[str] = set()
 
     # -- pod events (from kopf)
@@ -149,8 +151,8 @@ class LogWatch:
         out = self.remediator.reports(namespace, name)
         with self._lock:
             findings = self._findings.get((namespace, name)) or {}
-        return out + [r for r in (remediation.unpatched_report(findings),
-                                  remediation.log_detection_report(findings)) if r]
+        return out + [r for r in (pod_status.unpatched_report(findings),
+                                  pod_status.log_detection_report(findings)) if r]
 
     def failing_pods(self, namespace: str, name: str) -> set[str]:
         """Pods of a VLMDeployment with a failure signature inside its window or a pod-status
@@ -163,7 +165,7 @@ class LogWatch:
                     and f.namespace == namespace and f.owner == name]
             findings = self._findings.get((namespace, name)) or {}
         out = {pod for pod, found in findings.items()
-               if any(f.kind != remediation.LOG_DETECTION_OFF for f in found)}
+               if any(f.kind != pod_status.LOG_DETECTION_OFF for f in found)}
         owner = self.remediator.known(namespace, name)
         policy = owner.policy if owner is not None else None
         if policy is not None:
@@ -179,7 +181,7 @@ class LogWatch:
 
     def _pod_findings(self, follower: Follower, pod: dict) -> bool:
         now = time.time()
-        found = remediation.pod_findings(
+        found = pod_status.pod_findings(
             pod, now=now, engine_dead_at=follower.engine_dead_at, plugin=follower.plugin,
             log_off=_log_off(follower), log_unread=_log_unread(follower),
             reading_since=follower.reading_since)
@@ -190,8 +192,8 @@ class LogWatch:
                                                                     follower.name: found}
             new = [f for f in found if f.key not in self._events_sent]
             self._events_sent.update(f.key for f in new)
-        due = remediation.unpatched_due(pod, plugin=follower.plugin,
-                                        reading_since=follower.reading_since)
+        due = pod_status.unpatched_due(pod, plugin=follower.plugin,
+                                       reading_since=follower.reading_since)
         if due is not None and due > now:  # no pod event comes when the grace runs out
             follower.recheck_at(due + 1, self._recheck)
         for finding in new:
@@ -226,7 +228,7 @@ class LogWatch:
         if policy is None:
             return MAX_REPLAY_S
         keys = {key for signature, key in policy.signature_policy.items()
-                if signature not in remediation.NOT_FROM_LOG}
+                if signature not in NOT_FROM_LOG}
         return max((rule.window_s for key, rule in policy.rules.items() if key in keys),
                    default=0.0)
 

@@ -3,7 +3,8 @@
 import time
 
 from vlm_operator.logs.watcher import Follower, LogWatch
-from vlm_operator.remediation import decide as remediation
+from vlm_operator.remediation import findings
+from vlm_operator.remediation.policy import health_policy_from_spec
 from vlm_operator.stalls.watch import Heartbeats
 
 
@@ -19,14 +20,14 @@ def test_failing_pods_from_windows_and_findings():
             watch._followers[f"uid-{name}"] = Follower(watch, pod(name))  # not started
         watch._followers["uid-x"] = Follower(watch, pod("x", owner="other"))
         assert watch.failing_pods("ml", "demo") == set()  # no policy read yet: nothing known
-        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({})
         assert watch.failing_pods("ml", "demo") == set()
         now = time.time()
         watch.windows.add("uid-a", "tokenizerRetry", now - 1, 60)
         watch.windows.add("uid-x", "tokenizerRetry", now - 1, 60)  # another VLMDeployment's
         watch.windows.add("uid-b", "engineDead", now - 3600, 60)  # long out of its window
         watch._findings[("ml", "demo")] = {
-            "c": [remediation.Finding("CrashLoopBackOff", "c: crash", "c/crash")]}
+            "c": [findings.Finding("CrashLoopBackOff", "c: crash", "c/crash")]}
         assert watch.failing_pods("ml", "demo") == {"a", "c"}
         assert watch.failing_pods("ml", "nobody") == set()
     finally:
@@ -50,7 +51,7 @@ def test_any_inactive_plugin_line_makes_the_pod_unpatched():
         follower._line(inactive)
         follower._line(active)  # a later active line from another process
         assert follower.plugin.startswith("inactive")
-        assert remediation.pod_findings({}, now=0, engine_dead_at=None,
+        assert findings.pod_findings({}, now=0, engine_dead_at=None,
                                         plugin=follower.plugin)[0].kind == "Unpatched"
     finally:
         watch.stop()
@@ -75,7 +76,7 @@ def test_failing_pods_look_only_at_pods_with_incidents():
         watch._followers["uid-a"] = Follower(watch, pod("a"))
         for i in range(50):
             watch._followers[f"uid-q{i}"] = Untouchable(watch, pod(f"q{i}"))
-        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({})
+        watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({})
         watch.windows.add("uid-a", "tokenizerRetry", time.time() - 1, 60)
         assert watch.windows.uids() == {"uid-a"}
         assert watch.failing_pods("ml", "demo") == {"a"}
@@ -116,7 +117,7 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
     stall detection's window is not the log's, so it does not lengthen the replay."""
     watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
     try:
-        watch.remediator.owner("ml", "demo").policy = remediation.policy_from_spec({"health": {
+        watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({"health": {
             "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
             "engineStalled": {"stallSeconds": 600},
             "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",

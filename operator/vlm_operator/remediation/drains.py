@@ -1,0 +1,162 @@
+"""Node drains: a round also looks for the VLMDeployment's pods on nodes that are leaving
+(cordoned, or tainted by the cluster autoscaler or Karpenter). A pod whose eviction minAvailable
+refuses gets a Replace of its own (guards.node_drain_action): a replacement elsewhere first when
+a GPU is free, else it waits for capacity, at most node_drain_wait_s from when the node was
+first seen leaving; then it is drained and deleted, so a drain never waits for ever. The pod is
+drained and deleted by the operator itself once its replacement is ready (the budget would let
+the eviction through then too; the pod's preStop drains it either way): one path, the same as
+for a sick pod (remediation/in_flight.py), with Events and a condition on the way."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from vlm_operator.api.reports import Event
+from vlm_operator.desired import children
+from vlm_operator.k8s.caches import Stale
+from vlm_operator.remediation import actions, events, guards
+from vlm_operator.remediation.incidents import (
+    NODE_DRAIN,
+    REPLACE,
+    InFlight,
+    parse_in_flight,
+    pending_claims,
+    stamp,
+)
+from vlm_operator.remediation.intake import Owner
+from vlm_operator.remediation.policy import HealthPolicy
+from vlm_operator.remediation.steps import Step
+
+if TYPE_CHECKING:
+    from vlm_operator.remediation.remediator import Remediator
+
+log = logging.getLogger(__name__)
+
+
+def leaving_nodes(rem: Remediator) -> Mapping[str, str] | None:
+    """Nodes that are leaving (None: not known, or not looked for)."""
+    if rem.leaving_nodes is None:
+        return None
+    try:
+        return rem.leaving_nodes()
+    except Stale as exc:
+        log.debug("leaving nodes unknown: %s", exc)
+        return None
+
+
+def drain_work(pods: list[dict], records: Mapping[str, InFlight], leaving: Mapping[str, str],
+               policy: HealthPolicy, engine_dead: Callable[[str], bool],
+               always_allow: bool) -> bool:
+    """Whether a pod on a leaving node needs something this round: an action of its own, or
+    its Replace record has yet to note the node (from the round's pods: the check is redone on
+    a fresh read before acting)."""
+    views = [guards.pod_view(p, engine_dead(p["metadata"]["uid"]),
+                             p["metadata"]["uid"] in records) for p in pods]
+    for pod, view in zip(pods, views, strict=True):
+        if (pod.get("spec") or {}).get("nodeName") not in leaving:
+            continue
+        record = records.get(pod["metadata"]["uid"])
+        if record is not None:
+            if record.action == REPLACE and not record.node:
+                return True
+        elif guards.node_drain_action(view, views, policy, always_allow):
+            return True
+    return False
+
+
+def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
+    """The round's look for the VLMDeployment's pods on leaving nodes (body, pods: the
+    round's snapshot, from the watch-fed cache); acted on after a fresh read."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    records = parse_in_flight(meta.get("annotations"))
+    leaving = leaving_nodes(rem)
+    if not leaving or not any((p.get("spec") or {}).get("nodeName") in leaving
+                              for p in pods):
+        return
+    owner = rem.owner(namespace, name)
+    if owner.policy is None:
+        rem.refresh(namespace, name)
+    if owner.policy is not None and drain_work(pods, records, leaving, owner.policy,
+                                               rem.engine_dead,
+                                               rem.kube.pdb_unhealthy_pod_eviction):
+        with owner.lock:  # decided again on what the cluster shows now
+            node_drains(rem, namespace, name, owner, leaving)
+
+
+def node_drains(rem: Remediator, namespace: str, name: str, owner: Owner,
+                leaving: Mapping[str, str]) -> None:
+    """The VLMDeployment's pods on leaving nodes, read afresh (owner.lock held)."""
+    body = rem.refresh(namespace, name)
+    if body is None or owner.policy is None:
+        return
+    pods = rem.kube.list_pods(namespace, children.get_selector(name))
+    records = parse_in_flight(body["metadata"].get("annotations"))
+    views = [guards.pod_view(p, rem.engine_dead(p["metadata"]["uid"]),
+                             p["metadata"]["uid"] in records) for p in pods]
+    now = stamp(time.time())
+    for pod, view in zip(pods, views, strict=True):
+        uid, node = pod["metadata"]["uid"], (pod.get("spec") or {}).get("nodeName")
+        if node not in leaving:
+            continue
+        record = records.get(uid)
+        if record is not None:
+            if not record.node and record.action == REPLACE:  # its drain limit starts now
+                rem.write_in_flight(namespace, name, owner, add=dataclasses.replace(
+                    record, node=node, node_since=now))
+            continue
+        action = guards.node_drain_action(view, views, owner.policy,
+                                          rem.kube.pdb_unhealthy_pod_eviction)
+        if action == Step.DELETE:
+            _release(rem, namespace, name, body, pod, node=node, why=leaving[node])
+        elif action == REPLACE:
+            _protect(rem, namespace, name, owner, body, pods, pod, node=node,
+                     why=leaving[node], now=now)
+
+
+def _release(rem: Remediator, namespace: str, name: str, body: dict, pod: dict, *, node: str,
+             why: str) -> None:
+    """A pod that serves nothing whose eviction the budget refuses: delete it."""
+    meta = pod["metadata"]
+    if not actions.delete_quickly(rem.kube, namespace, pod=meta["name"], uid=meta["uid"]):
+        return
+    text = (f"deleted {meta['name']}: its node {node} is leaving ({why}) and it serves "
+            "nothing, while the PodDisruptionBudget would refuse its eviction")
+    log.info("%s/%s: %s", namespace, name, text)
+    events.post(rem.kube, namespace, name, pod, Event("Normal", "NodeDrainReleased", text), body)
+
+
+def _protect(rem: Remediator, namespace: str, name: str, owner: Owner, body: dict,
+             pods: list[dict], pod: dict, *, node: str, why: str, now: float) -> None:
+    """A serving pod minAvailable protects on a leaving node: a Replace of its own, with a
+    surge when a replica fits elsewhere, else waiting for capacity."""
+    meta = pod["metadata"]
+    records = parse_in_flight(body["metadata"].get("annotations"))
+    spare = rem.spare_gpus(owner, pending_claims(records, pods))
+    record = InFlight(REPLACE, meta["name"], meta["uid"], NODE_DRAIN, now, now,
+                      int(body["spec"].get("replicas", 1)), surge=bool(spare),
+                      before=actions.pod_uids(pods) if spare else (), node=node, node_since=now)
+    rem.write_in_flight(namespace, name, owner, add=record)
+    policy = owner.policy
+    if spare:
+        kind, reason, text = "Normal", "PodReplacing", (
+            f"{meta['name']}: its node {node} is leaving ({why}) and minAvailable="
+            f"{policy.min_available} protects it: bringing up a replacement elsewhere "
+            "first; the eviction goes through once it serves")
+    else:
+        kind, reason, text = "Warning", "NodeDrainHeld", (
+            f"{meta['name']}: its node {node} is leaving ({why}) and minAvailable="
+            f"{policy.min_available} protects it, but "
+            + ("no GPU is free elsewhere" if spare is False else
+               "the free GPUs cannot be read")
+            + " for a replacement: it keeps serving for up to "
+            f"{rem.node_drain_wait_s:g} s (--node-drain-wait-seconds) while capacity may "
+            "come, then it is drained and deleted so the drain can finish")
+    (log.warning if kind == "Warning" else log.info)("%s/%s: %s", namespace, name, text)
+    events.post(rem.kube, namespace, name, pod, Event(kind, reason, text), body)
+    rem.in_flight.drive(namespace, name, meta["uid"])
+    rem.reconcile(namespace, name)

@@ -1,0 +1,85 @@
+"""What the Remediator tells: Events on the pod and its VLMDeployment, status.lastRemediation,
+and the texts of the Events a multi-step action ends or times out with."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator.api.reports import Event
+from vlm_operator.k8s.kube import Kube, now_iso
+from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight
+from vlm_operator.remediation.steps import UNSCHEDULABLE_S, Step
+
+log = logging.getLogger(__name__)
+
+
+def post(kube: Kube, namespace: str, name: str, pod: dict | None, event: Event,
+         body: dict | None = None) -> None:
+    """The Event on the pod (when it still exists) and on its VLMDeployment."""
+    if pod is not None:
+        kube.post_event({**pod, "apiVersion": "v1", "kind": "Pod"}, event)
+    body = body or kube.get_vlmd(namespace, name)
+    if body is not None:
+        kube.post_event(body, event)
+
+
+def last_remediation(kube: Kube, namespace: str, name: str, incident: Incident, *,
+                     action: str, reason: str) -> None:
+    try:
+        kube.patch_vlmd_status(namespace, name, {"lastRemediation": {
+            "time": now_iso(), "pod": incident.pod, "signature": incident.signature,
+            "action": action, "reason": reason[:1024]}})
+    except ApiException as exc:
+        log.warning("lastRemediation of %s/%s: %s", namespace, name, exc.reason)
+
+
+def held(kube: Kube, namespace: str, name: str, pod: dict | None, incident: Incident,
+         message: str, body: dict | None) -> None:
+    """An incident held back: the Event and lastRemediation (once per reason)."""
+    log.info("%s/%s: holding back: %s", namespace, name, message)
+    post(kube, namespace, name, pod, Event("Warning", "RemediationSkipped", message), body)
+    last_remediation(kube, namespace, name, incident, action="Skipped", reason=message)
+
+
+def failed(kube: Kube, namespace: str, name: str, pod: dict | None, incident: Incident,
+           exc: ApiException, until: float, body: dict | None) -> None:
+    """An action's API call failed; it is retried at `until`."""
+    message = (f"acting on {incident.signature} on {incident.pod} failed: {exc.status} "
+               f"{exc.reason}; retrying in {until - time.time():.0f} s")
+    log.warning("%s/%s: %s", namespace, name, message)
+    post(kube, namespace, name, pod, Event("Warning", "RemediationFailed", message), body)
+
+
+def drain_timed_out(pod: str, seconds: float, running: float | None) -> str:
+    return (f"drain of {pod} timed out after {seconds:.0f} s with "
+            + (f"{running:g} requests in flight" if running is not None
+               else "its load unknown (/metrics unreadable)"))
+
+
+def replace_ended(record: InFlight, step: Step, *, replicas: int, now: float,
+                  node_drain_wait_s: float) -> Event | None:
+    """The Event for a Replace that ended without replacing its pod (None: not such a step)."""
+    texts = {
+        Step.GIVE_UP: ("Warning", "ReplaceFailed", (
+            f"gave up replacing {record.pod}: no replacement became ready in "
+            f"{now - record.since:.0f} s or the scheduler refused it for "
+            f"{UNSCHEDULABLE_S:g} s; it keeps serving")),
+        Step.ABANDON: ("Warning", "ReplaceAbandoned", (
+            f"gave up replacing {record.pod}: spec.replicas went from {record.replicas} to "
+            f"{replicas} meanwhile (another writer owns it: an HPA, KEDA, the Builtin "
+            "autoscaler or a user), so the ReplicaSet removes the replacement that was "
+            "still coming up; it keeps serving")),
+        Step.DROP: ("Normal", "NodeDrainCancelled", (
+            f"{record.pod}: its node {record.node} is no longer leaving, or enough other "
+            "pods serve for its eviction to go through; nothing left to do for it")),
+    }
+    if step not in texts:
+        return None
+    kind, reason, text = texts[step]
+    if record.signature == NODE_DRAIN and step != Step.DROP:
+        text += ("; it waits for the node drain's limit (--node-drain-wait-seconds="
+                 f"{node_drain_wait_s:g})")
+    return Event(kind, reason, text)

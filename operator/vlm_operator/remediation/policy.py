@@ -1,0 +1,76 @@
+"""A VLMDeployment's spec.health as the remediation code reads it: which signature falls under
+which rule, each rule's threshold, window and action, the restart budget and minAvailable, and
+the per-pod back-off after a failed attempt. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vlm_operator.api.validation import with_defaults
+from vlm_operator.remediation.incidents import REPLACE, SCALE_DOWN
+
+RESTART, IGNORE = "Restart", "Ignore"
+ACTIONS = (RESTART, SCALE_DOWN, REPLACE)
+BACKOFF_BASE_S = 10.0
+BACKOFF_CAP_S = 600.0
+
+# Signature -> the spec.health key whose policy applies; spec.health.extraSignatures add their
+# own. Signatures without a policy are only counted.
+SIGNATURE_POLICY = {
+    "tokenizer_retry": "tokenizerRetry",
+    "tokenizer_borrow_error": "tokenizerRetry",
+    "engine_dead": "engineDead",
+    "engine_stalled": "engineStalled",  # from stalls/watch.py, not from the log
+    "api_unresponsive": "apiUnresponsive",
+}
+# Signals stalls/watch.py finds, not the log (a log replay never refills their windows).
+NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
+# Signals that prove the pod serves nothing, whatever its readiness says.
+NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
+INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    threshold: int
+    window_s: float
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    rules: Mapping[str, Rule]
+    max_restarts_per_hour: int
+    min_available: int
+    signature_policy: Mapping[str, str] = field(default_factory=lambda: dict(SIGNATURE_POLICY))
+
+    def rule_for(self, signature: str) -> tuple[str, Rule] | None:
+        key = self.signature_policy.get(signature)
+        return (key, self.rules[key]) if key in self.rules else None
+
+
+def health_policy_from_spec(spec: Mapping) -> HealthPolicy:
+    """The policy of a VLMDeployment spec; the schema's defaults fill what it leaves out.
+
+    Each of spec.health.extraSignatures gets a rule of its own, keyed `extra:<name>`."""
+    health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
+    rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
+                       health[key]["action"]) for key in ("tokenizerRetry", "engineDead")}
+    # one stall or unresponsive-API verdict is the incident (stalls/watch.py counts for it)
+    stalled = health["engineStalled"]
+    rules["engineStalled"] = Rule(1, max(INCIDENT_WINDOW_S, 2.0 * stalled["stallSeconds"]),
+                                  stalled["action"])
+    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S, health["apiUnresponsive"]["action"])
+    mapping = dict(SIGNATURE_POLICY)
+    for extra in health.get("extraSignatures") or []:
+        key = f"extra:{extra['name']}"
+        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]), extra["action"])
+        mapping[extra["name"]] = key
+    return HealthPolicy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
+                        mapping)
+
+
+def backoff_s(attempts: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Exponential per-pod back-off after the n-th failed attempt (n >= 1)."""
+    return min(cap, base * 2 ** max(0, attempts - 1))

@@ -1,0 +1,135 @@
+"""remediation/guards.py: pod views, capacity, minAvailable, node drains, the restart budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlm_operator.desired import children
+from vlm_operator.remediation.decide import (
+    PlanRequest,
+    decide,
+)
+from vlm_operator.remediation.guards import (
+    PodView,
+    budget_report,
+    needs_replacement,
+    node_drain_action,
+    pod_view,
+)
+from vlm_operator.remediation.incidents import REPLACE, Incident
+from vlm_operator.remediation.policy import (
+    RESTART,
+    health_policy_from_spec,
+)
+from vlm_operator.remediation.steps import (
+    Step,
+)
+
+NOW = 1_000_000.0
+
+
+def policy(**health):
+    return health_policy_from_spec({"health": health})
+
+
+def pods(*spec):
+    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
+    'f' an action in flight on it."""
+    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
+                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
+            for i, s in enumerate(spec)]
+
+
+def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
+    key = {"engine_dead": "engineDead"}.get(signature, "tokenizerRetry")
+    return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
+
+
+def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),
+        last=NOW, **kw):
+    pol = pol or policy()
+    _, rule = pol.rule_for(signature)
+    return decide(PlanRequest(incident=incident(pod, signature, count, last), rule=rule,
+                              now=NOW, pods=tuple(views if views is not None
+                                                  else pods("r", "r", "r")),
+                              history=tuple(history), policy=pol, **kw))
+
+
+def pod(name="p0", ready=True, since="2026-01-01T00:00:00Z", restarts=0, last=None,
+        waiting=None, labels=None, deleting=False):
+    cs = {"name": "vllm", "restartCount": restarts, "state": {"running": {}}}
+    if last:
+        cs["lastState"] = {"terminated": last}
+    if waiting:
+        cs["state"] = {"waiting": {"reason": waiting}}
+    meta = {"name": name, "labels": labels or {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                        "lastTransitionTime": since}],
+        "containerStatuses": [cs]}}
+
+
+def test_needs_replacement():
+    pol = policy(minAvailable=2)
+    assert needs_replacement(pods("r", "r"), "p0", pol)
+    assert not needs_replacement(pods("r", "r", "r"), "p0", pol)
+    assert not needs_replacement(pods("x", "r"), "p0", pol)  # serves nothing
+    assert not needs_replacement(pods("r"), "gone", pol)
+    # a stalled engine or a mute API server is ready by its probes but serves nothing
+    for signature in ("engine_stalled", "api_unresponsive"):
+        assert not needs_replacement(pods("r", "r"), "p0", pol, signature)
+        assert run(signature=signature, count=1, views=pods("r")).action == RESTART
+
+
+def test_budget_report():
+    pol = policy(maxRestartsPerHour=2)
+    assert budget_report([NOW - 5], NOW, pol) is None
+    r = budget_report([NOW - 5, NOW - 100], NOW, pol)
+    assert (r.type, r.status, r.reason) == ("Degraded", "True", "RestartBudgetExhausted")
+    assert budget_report([NOW - 5, NOW - 4000], NOW, pol) is None
+    assert policy(maxRestartsPerHour=0) and run(policy(maxRestartsPerHour=0)).reason == \
+        "budget_exhausted"
+
+
+def view(name, ready=True, in_service=True, deleting=False, engine_dead=False,
+         in_flight=False):
+    return PodView(name, ready, deleting, in_service, engine_dead, in_flight)
+
+
+def test_a_pod_another_action_removes_is_no_capacity_for_a_second_removal():
+    """Two sick pods, minAvailable 2, one replacement ready for the first: the second may not
+    take that replacement for spare capacity and go too."""
+    pods_ = [view("a", in_flight=True), view("b"), view("replacement-of-a")]
+    assert needs_replacement(pods_, "b", policy(minAvailable=2))
+    assert not needs_replacement([*pods_, view("spare")], "b", policy(minAvailable=2))
+
+
+@pytest.mark.parametrize("target,others,min_available,always_allow,action", [
+    # the only replica serves: its eviction breaks minAvailable: replaced first
+    (view("a"), [], 1, False, REPLACE),
+    (view("a"), [view("b")], 1, False, None),  # the budget lets its eviction through
+    (view("a"), [view("b")], 2, False, REPLACE),
+    (view("a"), [view("b", ready=False)], 1, False, REPLACE),
+    (view("a", deleting=True), [], 1, False, None),  # going already
+    (view("a", in_service=False), [], 1, False, None),  # another action drains it
+    # it serves nothing: deleted when the budget would refuse its eviction (not ready, too
+    # few others ready) and the apiserver has no unhealthyPodEvictionPolicy to let it through
+    (view("a", ready=False), [], 1, False, Step.DELETE),
+    (view("a", ready=False), [], 1, True, None),
+    (view("a", ready=False), [view("b")], 1, False, None),
+    (view("a", ready=False), [], 0, False, None),
+])
+def test_node_drain_action(target, others, min_available, always_allow, action):
+    assert node_drain_action(target, [target, *others], policy(minAvailable=min_available),
+                             always_allow) == action
+
+
+def test_pod_view():
+    assert pod_view(pod()) == PodView("p0", True)
+    assert not pod_view(pod(deleting=True)).capacity
+    out = pod_view(pod(labels={children.IN_SERVICE_LABEL: "false"}))
+    assert not out.capacity and out.serves  # drained, not dead: its requests still finish
+    assert not pod_view(pod(), engine_dead=True).capacity
+    assert not pod_view(pod(ready=False)).capacity

@@ -1,0 +1,138 @@
+"""remediation/steps.py: the next step of a ScaleDown or a Replace, and when a deleted pod has
+left."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlm_operator.remediation.guards import (
+    PodView,
+)
+from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, InFlight
+from vlm_operator.remediation.policy import (
+    SCALE_DOWN,
+    health_policy_from_spec,
+)
+from vlm_operator.remediation.steps import (
+    UNSCHEDULABLE_S,
+    Step,
+    lowered_replicas,
+    replace_step,
+    scale_down_replicas,
+    scale_down_step,
+)
+
+NOW = 1_000_000.0
+
+
+def policy(**health):
+    return health_policy_from_spec({"health": health})
+
+
+def pods(*spec):
+    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
+    'f' an action in flight on it."""
+    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
+                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
+            for i, s in enumerate(spec)]
+
+
+@pytest.mark.parametrize("current,min_available,expected", [
+    (3, 1, 2), (2, 1, 1), (1, 1, None), (1, 0, 0), (0, 0, None)])
+def test_scale_down_replicas(current, min_available, expected):
+    assert scale_down_replicas(current, min_available) == expected
+
+
+def record(action=SCALE_DOWN, replicas=3, since=NOW):
+    return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
+
+
+@pytest.mark.parametrize("kw,step", [
+    ({"present": False, "serving": False, "running": None}, Step.FINISH),
+    ({"present": True, "serving": True, "running": 0, "now": NOW + 1}, Step.WAIT),  # endpoints lag
+    ({"present": True, "serving": True, "running": 0}, Step.DELETE),
+    ({"present": True, "serving": True, "running": 2}, Step.WAIT),
+    # unknown is not zero: an unreadable /metrics is waited out like a busy pod
+    ({"present": True, "serving": True, "running": None}, Step.WAIT),
+    ({"present": True, "serving": True, "running": None, "now": NOW + 60}, Step.DELETE),
+    ({"present": True, "serving": True, "running": 2, "now": NOW + 60}, Step.DELETE),
+    ({"present": True, "serving": False, "running": None}, Step.DELETE),  # container not running
+])
+def test_scale_down_step(kw, step):
+    kw = {"since": NOW, "now": NOW + 5, **kw}
+    assert scale_down_step(timeout_s=60, min_drain_s=2, **kw) == step
+
+
+def replacing(**kw):
+    return InFlight(REPLACE, "p0", "uid-p0", "tokenizer_retry", NOW - 5, NOW, 2, **kw)
+
+
+def drain_record(**kw):
+    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
+                    **{"surge": False, "node": "n1", "node_since": NOW, **kw})
+
+
+@pytest.mark.parametrize("kw,step", [
+    ({"present": False}, Step.FINISH),
+    ({}, Step.WAIT),  # the replacement is not ready yet
+    ({"others_ready": 1}, Step.TAKE_OUT),  # it drains before it goes
+    ({"serves": False}, Step.DELETE),  # it serves nothing: nothing to wait for
+    ({"now": NOW + 100}, Step.GIVE_UP),
+    ({"min_available": 2, "others_ready": 1}, Step.WAIT),
+    ({"min_available": 2, "others_ready": 2}, Step.TAKE_OUT),
+    # the scheduler refuses its own replacement: given up after UNSCHEDULABLE_S
+    ({"unschedulable_s": UNSCHEDULABLE_S - 1}, Step.WAIT),
+    ({"unschedulable_s": UNSCHEDULABLE_S}, Step.GIVE_UP),
+    # another writer lowered spec.replicas: the ReplicaSet removes the replacement, so the
+    # surge is abandoned at once (not waited on until the timeout)
+    ({"replicas": 1}, Step.ABANDON),
+    ({"replicas": 3}, Step.WAIT),  # raised: the surge survives
+    ({"replicas": 1, "others_ready": 1}, Step.TAKE_OUT),
+    # out of the Service: requests finish first (the drain), never cut short
+    ({"record": replacing(drain_since=NOW + 4), "running": 0}, Step.WAIT),  # endpoints lag
+    ({"record": replacing(drain_since=NOW), "running": 0}, Step.DELETE),
+    ({"record": replacing(drain_since=NOW), "running": 2}, Step.WAIT),
+    ({"record": replacing(drain_since=NOW), "running": None}, Step.WAIT),  # unknown is not 0
+    ({"record": replacing(drain_since=NOW), "running": 2, "now": NOW + 60}, Step.DELETE),
+    ({"record": replacing(drain_since=NOW), "serves": False}, Step.DELETE),
+    # a node drain: no surge while no GPU is free, let go after the wait whatever happened
+    ({"record": drain_record(), "leaving": True, "spare_gpus": False}, Step.WAIT),
+    ({"record": drain_record(), "leaving": True, "spare_gpus": None}, Step.WAIT),
+    ({"record": drain_record(), "leaving": True, "spare_gpus": True}, Step.SURGE),
+    ({"record": drain_record(tried=True), "leaving": True, "spare_gpus": True}, Step.WAIT),
+    ({"record": drain_record(), "leaving": False, "spare_gpus": True}, Step.DROP),
+    ({"record": drain_record(), "leaving": True, "others_ready": 1}, Step.DROP),
+    ({"record": drain_record(), "leaving": True, "now": NOW + 30}, Step.LET_GO),
+    ({"record": replacing(node="n1", node_since=NOW - 30), "leaving": True}, Step.LET_GO),
+    ({"record": drain_record(), "leaving": True, "now": NOW + 30, "serves": False}, Step.DELETE),
+])
+def test_replace_step(kw, step):
+    kw = {"record": replacing(), "present": True, "serves": True, "running": None,
+          "others_ready": 0, "min_available": 1, "replacement_ready": False,
+          "unschedulable_s": 0.0, "replicas": 2, "leaving": False, "spare_gpus": None,
+          "now": NOW + 5, **kw}
+    assert replace_step(timeout_s=100, drain_timeout_s=60, node_drain_wait_s=30,
+                        min_drain_s=2, **kw) == step
+
+
+def test_lowered_replicas_only_from_the_count_the_drain_began_with():
+    assert lowered_replicas(3, record(replicas=3), 1) == 2
+    assert lowered_replicas(2, record(replicas=3), 1) is None  # already lowered (a restart)
+    assert lowered_replicas(5, record(replicas=3), 1) is None  # the user scaled meanwhile
+    assert lowered_replicas(1, record(replicas=1), 1) is None  # minAvailable
+
+
+def test_an_action_ends_only_once_its_pod_has_left():
+    """The replica count drops only once the deleted pod is gone (or long past its deadline):
+    a ReplicaSet that has not seen the deletion would otherwise remove a pod that serves."""
+    from vlm_operator.k8s.pods import parse_time
+    from vlm_operator.remediation.steps import SETTLE_S, settled
+
+    deadline = "2026-01-01T00:00:10Z"
+    at = parse_time(deadline)
+    terminating = {"metadata": {"name": "p", "deletionTimestamp": deadline}}
+    assert settled(None, at)
+    assert not settled(terminating, at - 5)
+    assert not settled(terminating, at + SETTLE_S - 1)
+    assert settled(terminating, at + SETTLE_S)
+    assert not settled({"metadata": {"name": "p"}}, at + 3600)  # not deleted at all
