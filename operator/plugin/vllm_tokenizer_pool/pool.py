@@ -73,16 +73,15 @@ unbounded copies are dropped).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import inspect
 import os
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+from vllm_tokenizer_pool.copies import CopyPool
 
 __all__ = ["borrow", "is_thread_safe", "make_thread_safe", "pool_size_from_env", "pool_stats"]
 
@@ -104,118 +103,6 @@ _T = TypeVar("_T")
 
 class ThreadSafeTokenizerMixin:
     """Marker base of every class made by ``make_thread_safe``."""
-
-
-class _Waiter:
-    """One blocked caller: its lock is released when a copy is handed to it."""
-
-    __slots__ = ("lock", "tok")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.tok: Any = None
-
-
-def _on_event_loop() -> bool:
-    return asyncio._get_running_loop() is not None
-
-
-class _Pool:
-    """The private copies, handed out in arrival order (event-loop callers first), with every
-    wait bounded by the hold deadline; ``owner`` is the thread holding all of them during a
-    mutation."""
-
-    def __init__(
-        self, copies: list[Any], make_copy: Callable[[], Any], hold_deadline_s: float
-    ) -> None:
-        self.size = len(copies)
-        self.make_copy = make_copy
-        self.hold_deadline_s = hold_deadline_s
-        self.lock = threading.Lock()
-        self.free: deque[Any] = deque(copies)
-        self.waiters: deque[_Waiter] = deque()
-        self.loop_waiters: deque[_Waiter] = deque()
-        self.held: dict[int, float] = {}  # id(copy) -> when it was handed out
-        self.written_off: set[int] = set()  # held past the deadline and replaced
-        self.replaced = 0
-        self.owner: int | None = None
-        self.mutation_lock = threading.Lock()
-
-    def acquire(self) -> Any:
-        loop = _on_event_loop()
-        with self.lock:
-            if self.free and not self.loop_waiters and (loop or not self.waiters):
-                tok = self.free.popleft()
-                self.held[id(tok)] = time.monotonic()
-                return tok
-            waiter = _Waiter()
-            queue = self.loop_waiters if loop else self.waiters
-            queue.append(waiter)
-            arrived = time.monotonic()
-        while True:
-            with self.lock:
-                oldest = min(self.held.values(), default=arrived)
-            due = min(oldest, arrived) + self.hold_deadline_s
-            if waiter.lock.acquire(timeout=max(0.0, due - time.monotonic())):
-                return waiter.tok
-            with self.lock:
-                if waiter.tok is not None:  # handed over between the timeout and this lock
-                    return waiter.tok
-                stale = self._stale(time.monotonic())
-                if stale is None and time.monotonic() < arrived + self.hold_deadline_s:
-                    continue  # the copy we timed on was returned meanwhile: wait again
-                queue.remove(waiter)
-                if stale is None or len(self.written_off) >= self.size:
-                    raise TimeoutError(
-                        f"no tokenizer copy free within {self.hold_deadline_s} s "
-                        f"({self.size} copies, {len(self.written_off)} written off while held)"
-                    )
-                del self.held[stale]
-                self.written_off.add(stale)
-                self.replaced += 1
-            tok = self.make_copy()  # outside the lock: a deep copy holds the GIL a while
-            with self.lock:
-                self.held[id(tok)] = time.monotonic()
-            return tok
-
-    def _stale(self, now: float) -> int | None:
-        """The copy held longest, if held past the deadline."""
-        if not self.held:
-            return None
-        key = min(self.held, key=self.held.__getitem__)
-        return key if now - self.held[key] >= self.hold_deadline_s else None
-
-    def release(self, tok: Any) -> None:
-        with self.lock:
-            key = id(tok)
-            if key in self.written_off:  # replaced while held: dropped
-                self.written_off.discard(key)
-                return
-            queue = self.loop_waiters or self.waiters
-            if not queue:
-                self.held.pop(key, None)
-                self.free.append(tok)
-                return
-            waiter = queue.popleft()
-            waiter.tok = tok
-            self.held[key] = time.monotonic()
-        waiter.lock.release()
-
-    @contextlib.contextmanager
-    def all_copies(self) -> Iterator[list[Any]]:
-        """Hold every copy (waiting for in-flight calls): the caller may mutate them all."""
-        with self.mutation_lock:
-            held: list[Any] = []
-            try:
-                for _ in range(self.size):
-                    held.append(self.acquire())
-                self.owner = threading.get_ident()
-                yield held
-            finally:
-                self.owner = None
-                for tok in held:
-                    self.release(tok)
 
 
 def is_thread_safe(tokenizer: object) -> bool:
@@ -258,7 +145,7 @@ def _routed(base: type, name: str) -> Callable[..., Any]:
     base_fn = getattr(base, name)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pool: _Pool = self.__dict__[_POOL_ATTR]
+        pool: CopyPool = self.__dict__[_POOL_ATTR]
         if pool.owner == threading.get_ident():  # inside a mutation of this tokenizer
             return base_fn(self, *args, **kwargs)
         tok = pool.acquire()
@@ -276,7 +163,7 @@ def _mutator(base: type, name: str) -> Callable[..., Any]:
     base_fn = getattr(base, name)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pool: _Pool = self.__dict__[_POOL_ATTR]
+        pool: CopyPool = self.__dict__[_POOL_ATTR]
         if pool.owner == threading.get_ident():
             return base_fn(self, *args, **kwargs)
         with pool.all_copies() as held:
@@ -294,7 +181,7 @@ def _setattr(base: type) -> Callable[[Any, str, Any], None]:
     base_setattr = base.__setattr__
 
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        pool: _Pool | None = self.__dict__.get(_POOL_ATTR)
+        pool: CopyPool | None = self.__dict__.get(_POOL_ATTR)
         if pool is None or name.startswith("_") or pool.owner == threading.get_ident():
             base_setattr(self, name, value)
             return
@@ -310,7 +197,7 @@ def _reduce(base: type) -> Callable[[Any], tuple[Any, ...]]:
     def __reduce__(self: Any) -> tuple[Any, ...]:
         plain = object.__new__(base)
         plain.__dict__.update(_state(self))
-        pool: _Pool = self.__dict__[_POOL_ATTR]
+        pool: CopyPool = self.__dict__[_POOL_ATTR]
         return make_thread_safe, (plain, pool.size)
 
     return __reduce__
@@ -370,7 +257,7 @@ def make_thread_safe(
     def make_copy() -> Any:  # a replacement, from the original's state at that moment
         return _private_copy(base, _state(tokenizer))
 
-    object.__setattr__(tokenizer, _POOL_ATTR, _Pool(private, make_copy, hold_deadline_s))
+    object.__setattr__(tokenizer, _POOL_ATTR, CopyPool(private, make_copy, hold_deadline_s))
     tokenizer.__class__ = _thread_safe_class(base)
     return tokenizer
 
@@ -378,7 +265,7 @@ def make_thread_safe(
 def pool_stats(tokenizer: object) -> dict[str, int] | None:
     """Size, free copies, waiting callers and copies replaced after the hold deadline; None for a
     tokenizer that is not wrapped."""
-    pool: _Pool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
+    pool: CopyPool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
     if pool is None:
         return None
     with pool.lock:
@@ -398,7 +285,7 @@ def borrow(tokenizer: _T) -> Iterator[_T]:
     the copy, not the wrapped tokenizer: its calls (and mutations) may wait for this very copy.
     For a tokenizer that is not wrapped, yields the tokenizer itself.
     """
-    pool: _Pool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
+    pool: CopyPool | None = getattr(tokenizer, "__dict__", {}).get(_POOL_ATTR)
     if pool is None:
         yield tokenizer
         return
