@@ -39,7 +39,9 @@ def test_create_builds_owned_children_and_status(api, ns):
     env = {e.name: e.value for e in dep.spec.template.spec.containers[0].env}
     assert env["VLM_TOKENIZER_POOL_SIZE"] == "4"
     assert dep.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
-    svc = client.CoreV1Api(api).read_namespaced_service("alpha", ns)
+    # the children are applied one after another: each is waited for
+    svc = wait_for("service", lambda: next(iter(client.CoreV1Api(api).list_namespaced_service(
+        ns, field_selector="metadata.name=alpha").items), None))
     kube = Kube(api)
     pdb = wait_for("pdb", lambda: kube.get(kube.pdb_api_version, "PodDisruptionBudget", ns,
                                            "alpha"))

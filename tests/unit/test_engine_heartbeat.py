@@ -83,7 +83,7 @@ def test_every_line_the_plugin_writes_is_read_by_the_operator(every, steps, in_f
     line = heartbeat.heartbeat_line(every, steps, in_flight, step_s, tokens, running, waiting)
     det = signatures.match(f"(EngineCore pid=7) INFO 12-01 20:58:03 [heartbeat.py:162] {line}")
     assert det is not None and det.signature == "engine_heartbeat", line
-    b = verdicts.beat(det.fields, None, 0.0)
+    b = verdicts.beat(det.fields, None, 0.0, 0.0)
     assert (b.every, b.steps, b.in_flight, b.step_tokens, b.running, b.waiting) == (
         every, steps, in_flight, tokens, running, waiting)
     assert b.step_s == pytest.approx(step_s, abs=0.051)

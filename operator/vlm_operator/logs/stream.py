@@ -148,7 +148,8 @@ class Follower(threading.Thread):
         self.engine_dead_at: float | None = None
         self.readable_before = False  # the resume mark says vLLM's header was seen before it
         self.reading_since: float | None = None  # when this container's log began to be read
-        self.last_line_at: float | None = None  # when the stream last delivered a line
+        # the log time (the kubelet's timestamp, else when it came) of the last line delivered
+        self.last_line_stamp: float | None = None
         self._response = None
         self._timer: threading.Timer | None = None
         self._resumed = False  # the resume mark is looked at once, for the first container
@@ -354,7 +355,7 @@ class Follower(threading.Thread):
             LOG_LINES_DEDUPLICATED.inc()
             return
         LOG_LINES.inc()
-        self.last_line_at = time.time()
+        self.last_line_stamp = ns / 1e9 if ns else time.time()
         readable = self.readable
         try:
             extra = self.sink.extra_signatures(self.namespace, self.owner)

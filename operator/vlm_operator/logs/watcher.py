@@ -40,7 +40,7 @@ class Heartbeats(Protocol):
     (stalls/watch.py's Heartbeats, which runner.py passes in)."""
 
     def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
-             source: Follower) -> None: ...
+             source: Follower, stamp: float) -> None: ...
 
     def forget(self, uid: str) -> None: ...
 
@@ -49,7 +49,7 @@ class _NoHeartbeats:
     """No stall detection reads them: heartbeats are dropped."""
 
     def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
-             source: Follower) -> None:
+             source: Follower, stamp: float) -> None:
         pass
 
     def forget(self, uid: str) -> None:
@@ -267,7 +267,7 @@ class LogWatch:
         DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
         if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
             proc = det.line.proc if det.line is not None and det.line.proc else "engine"
-            self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower)
+            self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower, t)
             return
         if det.signature in ("plugin_active", "plugin_inactive"):
             was = follower.plugin

@@ -124,7 +124,8 @@ WORKING, IDLE = "working", "idle"
 @dataclass(frozen=True, slots=True)
 class Beat:
     """One engine process's latest heartbeat line (vllm_tokenizer_pool/heartbeat.py), with
-    the operator's times: when it arrived, and when its step count last changed."""
+    the operator's times: when it arrived, and when its step count last changed; and its log
+    time (the kubelet's timestamp: when the engine wrote it)."""
 
     every: float
     steps: int
@@ -135,16 +136,18 @@ class Beat:
     waiting: int
     at: float
     steps_moved_at: float
+    stamp: float
 
 
-def beat(fields: Mapping[str, str], prev: Beat | None, now: float) -> Beat:
+def beat(fields: Mapping[str, str], prev: Beat | None, now: float, stamp: float) -> Beat:
     """A heartbeat's fields (logs/signatures.py's engine_heartbeat groups) after `prev`, the same
-    process's last one; a step count that changes (a restarted engine's too) is progress."""
+    process's last one, read at `now`, written at `stamp` (log time); a step count that changes
+    (a restarted engine's too) is progress."""
     steps = int(fields["steps"])
     moved = prev is None or steps != prev.steps
     return Beat(float(fields["every"]), steps, int(fields["in_flight"]),
                 float(fields["step_s"]), int(fields["step_tokens"]), int(fields["running"]),
-                int(fields["waiting"]), now, now if moved else prev.steps_moved_at)
+                int(fields["waiting"]), now, now if moved else prev.steps_moved_at, stamp)
 
 
 def step_bound_s(tokens: int, stall_s: float, tokens_per_s: float) -> float:
@@ -158,8 +161,11 @@ def _one(proc: str, b: Beat, line_at: float | None, now: float, stall_s: float,
     silent = now - b.at
     late = LATE_PERIODS * b.every + LATE_SLACK_S
     if silent > late:
-        # Stopped, or just not delivered: only the log going on without it tells them apart.
-        if line_at is not None and line_at - b.at > late and silent >= stall_s:
+        # Stopped, or just not delivered: only the log going on without it tells them apart,
+        # in log time: a follower behind a busy log reads beats late, but the log between two
+        # of them still spans one period.
+        after = None if line_at is None else line_at - b.stamp
+        if after is not None and after > late and after >= stall_s:
             return STALLED, (f"the engine heartbeat of {proc} stopped: none for {silent:.0f} s "
                              f"(one is due every {b.every:g} s) while the pod's log went on; "
                              "the engine process is stopped or wedged")
@@ -186,8 +192,8 @@ def _one(proc: str, b: Beat, line_at: float | None, now: float, stall_s: float,
 def by_heartbeat(beats: Mapping[str, Beat], line_at: float | None, now: float, stall_s: float,
                  tokens_per_s: float) -> tuple[str, str]:
     """The verdict of a pod's engine heartbeats (engine process name -> its latest beat;
-    line_at: when the pod's log last delivered any line). Never stalled while it provably
-    works: steps completing, or one step still within step_bound_s.
+    line_at: the log time of the last line the pod's log delivered). Never stalled while it
+    provably works: steps completing, or one step still within step_bound_s.
 
     (STALLED, detail): steps stopped with work there, a step past its bound, or a heartbeat
     that stopped while the log went on. (WORKING or IDLE, why): progress or nothing to do, no

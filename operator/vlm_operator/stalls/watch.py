@@ -45,9 +45,10 @@ CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly
 
 
 class LogSource(Protocol):
-    """A pod's log follower (logfollow.Follower): when it last delivered any line."""
+    """A pod's log follower (logs/stream.Follower): the log time (the kubelet's timestamp) of
+    the last line it delivered."""
 
-    last_line_at: float | None
+    last_line_stamp: float | None
 
 
 MAX_ENGINES = 16  # engine processes per pod kept (data-parallel ranks); a bound, not a limit
@@ -64,25 +65,25 @@ class Heartbeats:
         self._pods: dict[str, tuple[int, dict[str, verdicts.Beat], LogSource]] = {}
 
     def beat(self, uid: str, instance: int, proc: str, fields: Mapping[str, str],
-             source: LogSource) -> None:
+             source: LogSource, stamp: float) -> None:
         now = time.time()
         with self._lock:
             held, beats, _ = self._pods.get(uid, (instance, {}, source))
             if held != instance:  # a new container: the old one's beats say nothing now
                 beats = {}
-            beats = {**beats, proc: verdicts.beat(fields, beats.get(proc), now)}
+            beats = {**beats, proc: verdicts.beat(fields, beats.get(proc), now, stamp)}
             while len(beats) > MAX_ENGINES:
                 del beats[min(beats, key=lambda k: beats[k].at)]
             self._pods[uid] = (instance, beats, source)
 
     def of(self, uid: str, instance: int) -> tuple[dict[str, verdicts.Beat], float | None]:
-        """(engine process -> latest beat, when the pod's log last delivered a line) for the
-        pod's container `instance`; no beats for another instance."""
+        """(engine process -> latest beat, the log time of the last line the pod's log
+        delivered) for the pod's container `instance`; no beats for another instance."""
         with self._lock:
             held, beats, source = self._pods.get(uid, (instance, {}, None))
         if held != instance or source is None:
             return {}, None
-        return beats, source.last_line_at
+        return beats, source.last_line_stamp
 
     def forget(self, uid: str) -> None:
         with self._lock:

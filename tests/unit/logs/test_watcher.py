@@ -103,7 +103,7 @@ def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
         assert list(beats) == ["EngineCore"]  # one engine process name: the later pid wins
         b = beats["EngineCore"]
         assert (b.steps, b.in_flight, b.step_s, b.step_tokens, b.every) == (9, 1, 2.5, 2048, 5)
-        assert line_at is not None and line_at >= b.at
+        assert abs(line_at - b.stamp - 0.877) < 1e-6  # log times: the last line, the beat
         assert watch.heartbeats.of("u", 1) == ({}, None)  # another container instance
         assert watch.remediator.known("ml", "") is None  # nothing was reported
         watch.follower_ended(follower)
@@ -131,15 +131,15 @@ def test_heartbeat_store_is_bounded_and_a_new_container_starts_afresh():
     from vlm_operator.stalls.watch import MAX_ENGINES, Heartbeats
 
     class Log:
-        last_line_at = 1.0
+        last_line_stamp = 1.0
 
     store, fields = Heartbeats(), {"every": "5", "steps": "1", "in_flight": "0",
                                    "step_s": "0.0", "step_tokens": "0", "running": "0",
                                    "waiting": "0"}
     for i in range(MAX_ENGINES + 5):
-        store.beat("u", 0, f"EngineCore_DP{i}", fields, Log())
+        store.beat("u", 0, f"EngineCore_DP{i}", fields, Log(), 1.0)
     assert len(store.of("u", 0)[0]) == MAX_ENGINES
-    store.beat("u", 1, "EngineCore", fields, Log())  # restarted container
+    store.beat("u", 1, "EngineCore", fields, Log(), 1.0)  # restarted container
     assert list(store.of("u", 1)[0]) == ["EngineCore"] and store.of("u", 0) == ({}, None)
 
 

@@ -156,7 +156,7 @@ def beats(lines, start=T, every=5.0, proc="EngineCore"):
     """Beats from heartbeat field dicts arriving every `every` seconds from `start`."""
     b = None
     for i, f in enumerate(lines):
-        b = beat(f, b, start + i * every)
+        b = beat(f, b, start + i * every, start + i * every)
     return {proc: b}
 
 

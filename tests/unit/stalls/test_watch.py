@@ -62,17 +62,21 @@ def settled(sw):
 
 
 class Follower:
-    """A pod's log follower as Heartbeats reads it: when it last delivered a line."""
+    """A pod's log follower as Heartbeats reads it: the log time of the last line it
+    delivered."""
 
     def __init__(self) -> None:
-        self.last_line_at = None
+        self.last_line_stamp = None
 
 
-def heartbeat(sw, clock, p, follower, *, steps, running=1, waiting=2, in_flight=0):
-    follower.last_line_at = clock.now
+def heartbeat(sw, clock, p, follower, *, steps, running=1, waiting=2, in_flight=0,
+              stamp=None):
+    """A heartbeat line read now, written at `stamp` (log time; now by default)."""
+    stamp = clock.now if stamp is None else stamp
+    follower.last_line_stamp = stamp
     sw.heartbeats.beat(p["metadata"]["uid"], 0, "EngineCore_DP0", {
         "every": "5", "steps": str(steps), "in_flight": str(in_flight), "step_s": "0.1",
-        "step_tokens": "8", "running": str(running), "waiting": str(waiting)}, follower)
+        "step_tokens": "8", "running": str(running), "waiting": str(waiting)}, follower, stamp)
 
 
 # ---------------------------------------------------------------- counters and the canary
@@ -167,6 +171,45 @@ def test_a_heartbeat_with_steps_completing_reports_nothing(
     rounds(stall_watch, clock, vlmd(), [p], reading, 3 * STALL_S)
     settled(stall_watch)
     assert http.calls == [] and remediator.reports() == []
+
+
+def test_a_heartbeat_read_late_behind_a_busy_log_is_no_stall(
+        monkeypatch, clock, remediator, stall_watch):
+    """A log flood puts the follower minutes behind: it reads the idle engine's beats long after
+    they were written, with the flood's lines between them, but those lines span one period of
+    log time after each beat: the heartbeat did not stop. Late beats are no verdict: the canary
+    (answered: the engine works) decides, and no stall is reported."""
+    FakePodHTTP(canary=reader.ANSWERED).install(monkeypatch)
+    p, follower = pod("vl-0"), Follower()
+    start, written = clock.now, []
+
+    def reading(t):
+        if t % (2 * STALL_S) == 0:  # a beat read every 60 s; written 5 s after the last one
+            written.append(start + 5 * len(written))
+            heartbeat(stall_watch, clock, p, follower, steps=1, running=0, waiting=0,
+                      stamp=written[-1])
+        follower.last_line_stamp = written[-1] + 3  # the flood's lines after it: 3 s of log
+        return {"vl-0": counters(100)}
+
+    rounds(stall_watch, clock, vlmd(), [p], reading, 4 * STALL_S)
+    settled(stall_watch)
+    assert [r[2:4] for r in remediator.reports()] == []
+
+
+def test_a_heartbeat_that_stopped_while_the_log_went_on_is_a_stall(
+        monkeypatch, clock, remediator, stall_watch):
+    """The engine's beats stopped; the API server's lines go on being written and read."""
+    FakePodHTTP(canary=TIMEOUT).install(monkeypatch)
+    p, follower = pod("vl-0"), Follower()
+    heartbeat(stall_watch, clock, p, follower, steps=1, running=0, waiting=0)
+
+    def reading(t):
+        follower.last_line_stamp = clock.now  # other lines, read as they are written
+        return {"vl-0": counters(100)}
+
+    rounds(stall_watch, clock, vlmd(), [p], reading, STALL_S + 2 * ROUND_S)
+    settled(stall_watch)
+    assert [r[2:4] for r in remediator.reports()] == [("vl-0", "engine_stalled")]
 
 
 # ---------------------------------------------------------------- an unresponsive API server
