@@ -7,48 +7,18 @@ import pytest
 
 from vlm_operator.remediation.decide import (
     GUARDS,
-    PlanRequest,
-    decide,
     remediating_report,
 )
 from vlm_operator.remediation.guards import (
     PodView,
 )
-from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
+from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, InFlight
 from vlm_operator.remediation.policy import (
     RESTART,
     SCALE_DOWN,
-    health_policy_from_spec,
 )
 
-NOW = 1_000_000.0
-
-
-def policy(**health):
-    return health_policy_from_spec({"health": health})
-
-
-def pods(*spec):
-    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
-    'f' an action in flight on it."""
-    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
-                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
-            for i, s in enumerate(spec)]
-
-
-def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
-    key = {"engine_dead": "engineDead"}.get(signature, "tokenizerRetry")
-    return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
-
-
-def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),
-        last=NOW, **kw):
-    pol = pol or policy()
-    _, rule = pol.rule_for(signature)
-    return decide(PlanRequest(incident=incident(pod, signature, count, last), rule=rule,
-                              now=NOW, pods=tuple(views if views is not None
-                                                  else pods("r", "r", "r")),
-                              history=tuple(history), policy=pol, **kw))
+from .builders import NOW, incident, pods, policy, run
 
 
 def record(action=SCALE_DOWN, replicas=3, since=NOW):

@@ -6,41 +6,8 @@ from __future__ import annotations
 import pytest
 
 from vlm_operator.remediation.findings import pod_findings, unpatched_report
-from vlm_operator.remediation.guards import (
-    PodView,
-)
-from vlm_operator.remediation.policy import (
-    health_policy_from_spec,
-)
 
-
-def policy(**health):
-    return health_policy_from_spec({"health": health})
-
-
-def pods(*spec):
-    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
-    'f' an action in flight on it."""
-    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
-                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
-            for i, s in enumerate(spec)]
-
-
-def pod(name="p0", ready=True, since="2026-01-01T00:00:00Z", restarts=0, last=None,
-        waiting=None, labels=None, deleting=False):
-    cs = {"name": "vllm", "restartCount": restarts, "state": {"running": {}}}
-    if last:
-        cs["lastState"] = {"terminated": last}
-    if waiting:
-        cs["state"] = {"waiting": {"reason": waiting}}
-    meta = {"name": name, "labels": labels or {}}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                        "lastTransitionTime": since}],
-        "containerStatuses": [cs]}}
-
+from .builders import pod
 
 T0 = 1767225600.0  # 2026-01-01T00:00:00Z
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 import pytest
 
 from vlm_operator.desired import children
-from vlm_operator.remediation.decide import (
-    PlanRequest,
-    decide,
-)
 from vlm_operator.remediation.guards import (
     PodView,
     budget_report,
@@ -16,59 +12,15 @@ from vlm_operator.remediation.guards import (
     node_drain_action,
     pod_view,
 )
-from vlm_operator.remediation.incidents import REPLACE, Incident
+from vlm_operator.remediation.incidents import REPLACE
 from vlm_operator.remediation.policy import (
     RESTART,
-    health_policy_from_spec,
 )
 from vlm_operator.remediation.steps import (
     Step,
 )
 
-NOW = 1_000_000.0
-
-
-def policy(**health):
-    return health_policy_from_spec({"health": health})
-
-
-def pods(*spec):
-    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
-    'f' an action in flight on it."""
-    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
-                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
-            for i, s in enumerate(spec)]
-
-
-def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
-    key = {"engine_dead": "engineDead"}.get(signature, "tokenizerRetry")
-    return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
-
-
-def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),
-        last=NOW, **kw):
-    pol = pol or policy()
-    _, rule = pol.rule_for(signature)
-    return decide(PlanRequest(incident=incident(pod, signature, count, last), rule=rule,
-                              now=NOW, pods=tuple(views if views is not None
-                                                  else pods("r", "r", "r")),
-                              history=tuple(history), policy=pol, **kw))
-
-
-def pod(name="p0", ready=True, since="2026-01-01T00:00:00Z", restarts=0, last=None,
-        waiting=None, labels=None, deleting=False):
-    cs = {"name": "vllm", "restartCount": restarts, "state": {"running": {}}}
-    if last:
-        cs["lastState"] = {"terminated": last}
-    if waiting:
-        cs["state"] = {"waiting": {"reason": waiting}}
-    meta = {"name": name, "labels": labels or {}}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                        "lastTransitionTime": since}],
-        "containerStatuses": [cs]}}
+from .builders import NOW, pod, pods, policy, run
 
 
 def test_needs_replacement():

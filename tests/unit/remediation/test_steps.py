@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_operator.remediation.guards import (
-    PodView,
-)
 from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, InFlight
 from vlm_operator.remediation.policy import (
     SCALE_DOWN,
-    health_policy_from_spec,
 )
 from vlm_operator.remediation.steps import (
     UNSCHEDULABLE_S,
@@ -22,19 +18,7 @@ from vlm_operator.remediation.steps import (
     scale_down_step,
 )
 
-NOW = 1_000_000.0
-
-
-def policy(**health):
-    return health_policy_from_spec({"health": health})
-
-
-def pods(*spec):
-    """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
-    'f' an action in flight on it."""
-    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
-                    in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
-            for i, s in enumerate(spec)]
+from .builders import NOW
 
 
 @pytest.mark.parametrize("current,min_available,expected", [
