@@ -17,11 +17,11 @@ from typing import Any
 import re2
 
 SEVERITIES = ("info", "warning", "error", "critical")
-# Default action classes the operator maps to behaviour:
-#   restart   - the engine is dead: replace the pod (after /health confirms)
-#   remediate - the tokenizer race is live: the pool is missing or too small
-#   event     - tell a human (Kubernetes Event / status condition)
-#   record    - status/metrics only
+# The class a signature puts its detections in, shown by `vlm-operator scan-logs` (and asked of
+# the definitions it is given): restart (the engine is dead), remediate (the tokenizer race is
+# live), event (for a human), record (status and metrics only). The operator does not act on
+# the class: what it does about a detection is the VLMDeployment's spec.health rule for the
+# signature (remediation/policy.py), and a spec's own signatures are all `remediate`.
 ACTIONS = ("restart", "remediate", "event", "record")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_LOGGING_PREFIX = 64  # characters of VLLM_LOGGING_PREFIX (validation refuses longer ones)
@@ -257,7 +257,7 @@ def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatu
 
 def compile_spec_signatures(defs: Iterable[Mapping]) -> tuple[Signature, ...]:
     """A VLMDeployment's spec.health.extraSignatures, compiled. What to do about a detection
-    is the CR's policy (remediation.py), so the signature's own action is only `remediate`."""
+    is the CR's policy (remediation/policy.py), so the signature's own class is `remediate`."""
     return compile_extra_signatures(
         [{"name": d.get("name"), "regex": d.get("regex"), "action": "remediate",
           **{k: d[k] for k in ("levels", "files") if d.get(k)}} for d in defs],

@@ -56,7 +56,7 @@ MAX_ENGINES = 16  # engine processes per pod kept (data-parallel ranks); a bound
 
 class Heartbeats:
     """The engine heartbeats the log followers saw, per pod and container instance (its
-    restart count): written by follower threads (logwatch.LogWatch.detected), read by the
+    restart count): written by follower threads (logs/watcher.LogWatch.detected), read by the
     rounds. Bounded: one entry per followed pod, MAX_ENGINES engine processes each."""
 
     def __init__(self) -> None:
