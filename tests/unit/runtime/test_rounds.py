@@ -1,7 +1,7 @@
 """runtime/rounds.Rounds: one round per VLMDeployment lists its pods once (the watch-fed cache),
 reads each running pod's /metrics once, and hands that one view to reachability, stall
 detection, the Builtin autoscaler and the remediator; a VLMDeployment without pods has no round.
-The cache and the scraper are in-memory fakes, the parts recording fakes (../fakes_api.py)."""
+The cache and the scraper are in-memory fakes, the parts recording fakes (../fakes.py)."""
 
 import pytest
 
@@ -10,7 +10,7 @@ from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 
-from ..fakes_api import (
+from ..fakes import (
     NAMESPACE,
     FakeClusterCache,
     FakeScraper,

@@ -10,7 +10,7 @@ from vlm_operator.engine.podhttp import TIMEOUT, UNREACHABLE
 from vlm_operator.stalls import watch
 from vlm_operator.stalls.watch import Heartbeats, StallWatch
 
-from ..fakes_api import (
+from ..fakes import (
     NAMESPACE,
     Clock,
     FakePodHTTP,
