@@ -20,7 +20,6 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import names
 from vlm_operator.desired import children
-from vlm_operator.desired.children import get_selector_labels
 from vlm_operator.engine import reader
 
 WRITES = ("patch_vlmd_annotations", "patch_vlmd_status", "delete", "patch_pod", "scale_vlmd",
@@ -151,7 +150,7 @@ def pod(name: str, owner: str = "vl", namespace: str = NAMESPACE, *, ready: bool
         status["podIP"] = ip
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
-                         "labels": dict(get_selector_labels(owner)),
+                         "labels": dict(children.get_selector_labels(owner)),
                          "creationTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"nodeName": "node-1"},
             "status": status}
@@ -200,7 +199,7 @@ class FakeClusterCache:
         self.calls.append(("has_pods", namespace, name))
         if (namespace, name) in self.unknown:
             return None
-        return bool(self._selected(namespace, get_selector_labels(name)))
+        return bool(self._selected(namespace, children.get_selector_labels(name)))
 
 
 class FakeScraper:
