@@ -6,6 +6,7 @@
 3. idle: the operator's CPU and RSS over a quiet minute with those 100 converged.
 
 Usage: .venv/bin/python bench/reconcile.py [--out bench/results/reconcile.json]
+       [--old-src DIR: another checkout's operator measured first, on the same control plane]
 """
 
 from __future__ import annotations
@@ -114,38 +115,54 @@ def idle(operator: OperatorProcess, seconds: float) -> dict:
             "rss_mib": rss_mib(operator.proc.pid)}
 
 
+def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
+    """The three measures with the operator of `src` (a checkout's root; None: this tree),
+    in namespaces of its own."""
+    env = {"PYTHONPATH": str(Path(src) / "operator")} if src else None
+    prefix = f"bench-{tree}-"
+    with OperatorProcess(cp.kubeconfig, "--standalone", "-n", f"{prefix}*",
+                         env=env) as operator:
+        core = client.CoreV1Api(api)
+        print(f"[{tree}] latency: one VLMDeployment at a time", flush=True)
+        ns = ready_namespace(api, f"{prefix}{uuid.uuid4().hex[:6]}")
+        lat = latency(api, ns, args.latency_count)
+        core.delete_namespace(ns)
+        print(f"[{tree}] burst: all at once", flush=True)
+        ns = ready_namespace(api, f"{prefix}{uuid.uuid4().hex[:6]}")
+        bur = burst(api, ns, args.burst_count)
+        print(f"  {bur}", flush=True)
+        time.sleep(10)  # let the burst's event storm settle
+        print(f"[{tree}] idle", flush=True)
+        quiet = idle(operator, args.idle_seconds)
+        print(f"  {quiet}", flush=True)
+        core.delete_namespace(ns)
+    return {"latency": lat, "burst": bur, "idle": quiet}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "bench/results/reconcile.json"))
     parser.add_argument("--latency-count", type=int, default=50)
     parser.add_argument("--burst-count", type=int, default=100)
     parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--old-src", help="also measure the operator of this checkout, first, "
+                        "on the same control plane (e.g. `git archive REV | tar -x -C DIR`)")
     args = parser.parse_args()
     build()
+    trees = ([("old", args.old_src)] if args.old_src else []) + [("this", None)]
     with ControlPlane(crd.get_all_crds()) as cp, \
             NodeSimulator(cp.kubeconfig, nodes=2, gpus_per_node=80, max_pods=110,
-                          name_prefix="bench-node"), \
-            OperatorProcess(cp.kubeconfig, "--standalone") as operator:
+                          name_prefix="bench-node"):
         api = api_client_from_kubeconfig(cp.kubeconfig)
-        core = client.CoreV1Api(api)
-        print("latency: one VLMDeployment at a time", flush=True)
-        ns = ready_namespace(api, f"bench-{uuid.uuid4().hex[:6]}")
-        lat = latency(api, ns, args.latency_count)
-        core.delete_namespace(ns)
-        print("burst: all at once", flush=True)
-        ns = ready_namespace(api, f"bench-{uuid.uuid4().hex[:6]}")
-        bur = burst(api, ns, args.burst_count)
-        print(f"  {bur}", flush=True)
-        time.sleep(10)  # let the burst's event storm settle
-        print("idle", flush=True)
-        quiet = idle(operator, args.idle_seconds)
-        print(f"  {quiet}", flush=True)
+        runs = {tree: measure(cp, api, args, tree, src) for tree, src in trees}
     result = {
         "benchmark": "reconcile",
         "machine": machine(control_plane=K8S_VERSION,
                            note="2 shared cores; simulated nodes (one vLLM stand-in process "
                                 "per pod), real apiserver/controller-manager/scheduler"),
-        "latency": lat, "burst": bur, "idle_with_100": quiet,
+        "old_src": args.old_src, **(runs if args.old_src else {
+            "latency": runs["this"]["latency"], "burst": runs["this"]["burst"],
+            "idle_with_100": runs["this"]["idle"]}),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
