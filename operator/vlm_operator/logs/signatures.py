@@ -67,10 +67,10 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from vlm_operator.api.log_signatures import SIGNATURES, Signature, anchored
+from vlm_operator.api.log_signatures import SIGNATURES, Pattern, Signature, anchored
 from vlm_operator.logs.header import (
     LogLine,
     foreign_header,
@@ -133,33 +133,30 @@ class Detection:
         return d
 
 
-def _match_line(ln: LogLine, sigs: Iterable[Signature]) -> Detection | None:
+def _first(ln: LogLine, sigs: Iterable[Signature], wanted: Callable[[Pattern], bool],
+           source: str) -> Detection | None:
+    """The first pattern of `sigs` that `wanted` admits and that matches the line's message."""
     msg = ln.message[:MAX_MESSAGE]
     for sig in sigs:
         for p in sig.patterns:
-            if p.kind != "line" or (p.levels and ln.level not in p.levels) or (
-                    p.files and ln.file not in p.files):
+            if not wanted(p):
                 continue
             m = p.regex.match(msg)
             if m:
                 return Detection(sig.name, sig.severity, sig.action, p.variant,
                                  {k: v for k, v in m.groupdict().items() if v is not None},
-                                 "line", ln)
+                                 source, ln)
     return None
+
+
+def _match_line(ln: LogLine, sigs: Iterable[Signature]) -> Detection | None:
+    return _first(ln, sigs, lambda p: p.kind == "line" and (
+        not p.levels or ln.level in p.levels) and (not p.files or ln.file in p.files), "line")
 
 
 def _match_exception(ln: LogLine, headered: bool) -> Detection | None:
-    msg = ln.message[:MAX_MESSAGE]
-    for sig in SIGNATURES:
-        for p in sig.patterns:
-            if p.kind != "exception" or (not headered and not p.headerless):
-                continue
-            m = p.regex.match(msg)
-            if m:
-                return Detection(sig.name, sig.severity, sig.action, p.variant,
-                                 {k: v for k, v in m.groupdict().items() if v is not None},
-                                 "traceback", ln)
-    return None
+    return _first(ln, SIGNATURES, lambda p: p.kind == "exception" and (
+        headered or p.headerless), "traceback")
 
 
 def match(line: str | LogLine, extra: Iterable[Signature] = (), logging_prefix: str = ""
