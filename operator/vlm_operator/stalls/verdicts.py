@@ -116,9 +116,12 @@ def api_verdict(p: Progress, needed: int, kubelet_not_ready: bool) -> str | None
 # ---------------------------------------------------------------- the engine heartbeat
 
 # A heartbeat is late after this many of its periods (plus slack for the log's way through the
-# kubelet and the apiserver); until then the last one stands for now.
+# kubelet and the apiserver); until then the last one stands for now. It counts as stopped once
+# the log went on past it for that long and stallSeconds, in log time; the log has one more such
+# period, in the operator's time, to show that (a follower reads a loaded pod's log late, in
+# bursts) before the canary stands in for the heartbeat.
 LATE_PERIODS, LATE_SLACK_S = 3, 5.0
-WORKING, IDLE = "working", "idle"
+WORKING, IDLE, LATE = "working", "idle", "late"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +168,13 @@ def _one(proc: str, b: Beat, line_at: float | None, now: float, stall_s: float,
         # in log time: a follower behind a busy log reads beats late, but the log between two
         # of them still spans one period.
         after = None if line_at is None else line_at - b.stamp
-        if after is not None and after > late and after >= stall_s:
+        stopped_after = max(late, stall_s)
+        if after is not None and after >= stopped_after:
             return STALLED, (f"the engine heartbeat of {proc} stopped: none for {silent:.0f} s "
                              f"(one is due every {b.every:g} s) while the pod's log went on; "
                              "the engine process is stopped or wedged")
+        if silent <= stopped_after + late:
+            return LATE, f"no heartbeat from {proc} for {silent:.0f} s; the log not yet past it"
         return UNKNOWN, f"no heartbeat from {proc} for {silent:.0f} s"
     quiet = now - b.steps_moved_at
     counts = f"{b.running} running, {b.waiting} waiting"
@@ -197,13 +203,14 @@ def by_heartbeat(beats: Mapping[str, Beat], line_at: float | None, now: float, s
 
     (STALLED, detail): steps stopped with work there, a step past its bound, or a heartbeat
     that stopped while the log went on. (WORKING or IDLE, why): progress or nothing to do, no
-    canary needed. (UNKNOWN, why): no heartbeat (never seen, or late with the log quiet too):
-    the counters and the canary decide instead."""
+    canary needed. (LATE, why): a heartbeat late, the log not yet shown to go on past it: no
+    verdict yet, and no canary. (UNKNOWN, why): no heartbeat (never seen, or late twice over
+    with the log quiet too): the counters and the canary decide instead."""
     if not beats:
         return UNKNOWN, "no engine heartbeat"
     verdicts = [_one(proc, b, line_at, now, stall_s, tokens_per_s)
                 for proc, b in sorted(beats.items())]
-    for wanted in (STALLED, UNKNOWN, WORKING):
+    for wanted in (STALLED, UNKNOWN, LATE, WORKING):
         found = [why for verdict, why in verdicts if verdict == wanted]
         if found:
             return wanted, "; ".join(found)
@@ -216,7 +223,8 @@ def after_heartbeat(p: Progress, verdict: str, now: float) -> Progress:
     only wait behind a long step). Once they stop, the canary falls due as after any progress:
     after the heartbeat-stopped verdict where the log goes on (it comes at stallSeconds), as
     the fallback where the log is quiet too. A stall stays as it is (the caller reports it,
-    and notes when with told()); unknown leaves the counters and the canary to decide."""
+    and notes when with told()), as does a late one; unknown leaves the counters and the
+    canary to decide."""
     if verdict in (WORKING, IDLE):
         return replace(p, moved_at=now, told_at=None)
     if verdict == UNKNOWN:

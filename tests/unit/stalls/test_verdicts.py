@@ -11,6 +11,7 @@ from vlm_operator.stalls.verdicts import (
     CANARY,
     HEARTBEAT,
     IDLE,
+    LATE,
     OFF,
     OK,
     PROGRESS_METRICS,
@@ -222,7 +223,8 @@ def test_a_heartbeat_that_stops_while_the_log_goes_on_is_a_stall():
     operator's own /metrics reads in uvicorn's access log) go on."""
     bs = beats([hb(steps=5)] * 3)  # last beat at T + 10
     assert verdict(bs, T + 24, line_at=T + 24) == WORKING  # late only after 3 x 5 + 5 s
-    assert verdict(bs, T + 31, line_at=T + 31) == UNKNOWN  # late, not yet stallSeconds
+    assert verdict(bs, T + 31, line_at=T + 31) == LATE  # late, not yet stallSeconds
+    assert verdict(bs, T + 39, line_at=T + 39) == LATE
     assert verdict(bs, T + 40, line_at=T + 40) == STALLED
     why = by_heartbeat(bs, T + 40, T + 40, STALL, RATE)[1]
     assert why.startswith("the engine heartbeat of EngineCore stopped: none for 30 s (one is "
@@ -236,6 +238,18 @@ def test_a_heartbeat_missing_with_the_whole_log_is_unknown_not_a_stall():
     assert verdict(bs, T + 300, line_at=T + 10) == UNKNOWN
     assert verdict(bs, T + 300, line_at=T + 20) == UNKNOWN  # within the late window
     assert by_heartbeat(bs, None, T + 300, STALL, RATE)[0] == UNKNOWN
+
+
+def test_a_late_heartbeat_waits_for_the_log_a_period_longer_before_the_canary_decides():
+    """A follower reading a loaded pod's log 15 s behind: the log shows the heartbeat stopped
+    only 15 s after it could; until one more late period (20 s) has passed, the late heartbeat
+    is no verdict and no reason for a canary either."""
+    bs = beats([hb(steps=5)] * 3)  # last beat at T + 10, stallSeconds 30: stopped from T + 40
+    lag = 15
+    for now in (T + 40, T + 50, T + 54):
+        assert verdict(bs, now, line_at=now - lag) == LATE, now
+    assert verdict(bs, T + 55, line_at=T + 55 - lag) == STALLED
+    assert verdict(bs, T + 61, line_at=T + 10) == UNKNOWN  # the log quiet as long: the canary
 
 
 def test_every_engine_process_is_judged_the_worst_one_wins():
@@ -256,6 +270,7 @@ def test_work_or_idle_counts_as_progress_so_no_canary_waits_behind_a_long_step()
         assert canary_due(observe(q, values(gen=5), T + 44), T + 44, STALL, CANARY_S)
     assert after_heartbeat(p, UNKNOWN, T + 24).moved_at == T  # the counters decide
     assert after_heartbeat(p, STALLED, T + 24) == p
+    assert after_heartbeat(p, LATE, T + 24) == p
 
 
 def test_a_heartbeat_stall_is_reported_once_per_stall_seconds_while_it_lasts():

@@ -212,6 +212,24 @@ def test_a_heartbeat_that_stopped_while_the_log_went_on_is_a_stall(
     assert [r[2:4] for r in remediator.reports()] == [("vl-0", "engine_stalled")]
 
 
+def test_a_stopped_heartbeat_in_a_log_read_behind_is_found_by_the_heartbeat_not_a_canary(
+        monkeypatch, clock, remediator, stall_watch):
+    """The engine's beats stopped; the API server's lines reach the operator 15 s after they
+    were written (a loaded node). The heartbeat verdict waits for them instead of a canary."""
+    http = FakePodHTTP(canary=TIMEOUT).install(monkeypatch)
+    p, follower = pod("vl-0"), Follower()
+    heartbeat(stall_watch, clock, p, follower, steps=1, running=0, waiting=0)
+
+    def reading(t):
+        follower.last_line_stamp = clock.now - 15
+        return {"vl-0": counters(100)}
+
+    rounds(stall_watch, clock, vlmd(), [p], reading, STALL_S + 20, step=1.0)
+    settled(stall_watch)
+    assert [r[2:4] for r in remediator.reports()] == [("vl-0", "engine_stalled")]
+    assert http.count("canary") == 0
+
+
 # ---------------------------------------------------------------- an unresponsive API server
 
 def test_api_timeouts_are_reported_only_when_the_kubelet_agrees(
