@@ -40,6 +40,9 @@ def status() -> s.Schema:
                 "signature": s.string("What it detected."),
                 "action": s.string("What it did."),
                 "reason": s.string("Why, or why it held back."),
+                "rung": s.string("For a pod that serves nothing: how it is recovered "
+                                 "(await-exit, restart-request: in place; delete: a new "
+                                 "pod; unfenced: back in the Service)."),
             }),
             "autoscaling": s.obj("The last scaling decision.", {
                 "desiredReplicas": s.integer("Replicas the autoscaler wants."),

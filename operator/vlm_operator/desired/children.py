@@ -17,6 +17,10 @@ from vlm_operator.api.names import (
     INSTANCE_LABEL,
     MANAGER,
     PORT,
+    RESTART_REQUEST,
+    RESTART_REQUEST_DIR,
+    RESTART_REQUEST_ENV,
+    RESTART_REQUEST_FILE,
     SURGE_ANNOTATION,
 )
 from vlm_operator.api.validation import POOL_SIZE_ENV, VLMDeployment
@@ -179,6 +183,8 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
         {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": RESTART_REQUEST_ENV,
+         "value": f"{RESTART_REQUEST_DIR}/{RESTART_REQUEST_FILE}"},
     ]
     if get_media_domains(vlmd) is not None:  # a redirect would leave the allowed hosts
         env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
@@ -211,6 +217,11 @@ def _volumes(vlmd: VLMDeployment) -> list[dict]:
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "model-cache", **cache_volume},
         {"name": "home", "emptyDir": {}},
+        # the operator's in-place restart request (the pod's annotation, refreshed by the
+        # kubelet within about a minute), read by the engine plugin: no exec, no endpoint
+        {"name": "control", "downwardAPI": {"items": [{
+            "path": RESTART_REQUEST_FILE,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_REQUEST}']"}}]}},
     ]
 
 
@@ -243,6 +254,7 @@ def get_container(vlmd: VLMDeployment) -> dict:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": _cache_mount_path(vlmd)},
             {"name": "home", "mountPath": "/home/vllm"},
+            {"name": "control", "mountPath": RESTART_REQUEST_DIR, "readOnly": True},
         ],
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(5, 3),

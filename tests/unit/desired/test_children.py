@@ -104,8 +104,20 @@ def test_shm_cache_and_home_volumes():
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models", "home": "/home/vllm"}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models", "home": "/home/vllm",
+                      "control": "/etc/vlm-operator"}
     assert env_of(vlmd())["HF_HOME"]["value"] == "/models"
+
+
+def test_the_restart_request_annotation_is_projected_read_only_for_the_plugin():
+    pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
+    control = {v["name"]: v for v in pod["volumes"]}["control"]
+    assert control["downwardAPI"]["items"] == [{"path": "restart-request", "fieldRef": {
+        "fieldPath": "metadata.annotations['serving.vlm-operator.dev/restart-request']"}}]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "control")
+    assert mount["readOnly"] is True
+    assert env_of(vlmd())["VLM_RESTART_REQUEST_FILE"]["value"] == \
+        "/etc/vlm-operator/restart-request"
 
 
 def test_existing_pvc():
