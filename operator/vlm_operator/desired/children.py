@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 from vlm_operator.api import names, versions
@@ -181,6 +182,7 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
     env: list[dict] = [
         {"name": POOL_SIZE_ENV, "value": str(vlmd.pool_size)},
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
+        {"name": "VLLM_CACHE_ROOT", "value": get_compile_cache_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
         {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": RESTART_REQUEST_ENV,
@@ -197,6 +199,34 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
 
 def _cache_mount_path(vlmd: VLMDeployment) -> str:
     return (vlmd.spec.get("modelCache") or {}).get("mountPath", "/models")
+
+
+def get_compile_cache_path(vlmd: VLMDeployment) -> str:
+    """vLLM's cache root (torch.compile artefacts) on the model cache volume, so it lives as
+    long as the weights do, under a key of vLLM version and model: no two versions or models
+    share one (a cache built by another version is not reused, and never corrupts this one)."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "--", vlmd.spec["model"]).strip("-.")[:100] or "model"
+    return f"{_cache_mount_path(vlmd)}/vllm-cache/{vlmd.version}/{model}"
+
+
+def one_node_cache(vlmd: VLMDeployment) -> bool:
+    """The cache is a ReadWriteOnce claim the operator creates: it attaches to one node only,
+    so every replica (and a replacement surged beside a sick pod) is placed on that node. A
+    pod elsewhere would wait in ContainerCreating on a Multi-Attach error, unseen; placed
+    together, one that does not fit stays Pending with the scheduler's reason."""
+    cache = vlmd.spec.get("modelCache") or {}
+    return "size" in cache and cache.get("accessModes", ["ReadWriteOnce"]) == ["ReadWriteOnce"]
+
+
+def _affinity(vlmd: VLMDeployment, user: dict | None) -> dict | None:
+    if not one_node_cache(vlmd):
+        return copy.deepcopy(user) if user else None
+    affinity = copy.deepcopy(user or {})
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
+        "labelSelector": {"matchLabels": get_selector_labels(vlmd.name)},
+        "topologyKey": "kubernetes.io/hostname"})
+    return affinity
 
 
 def get_pvc_name(vlmd: VLMDeployment) -> str | None:
@@ -289,9 +319,12 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
                         *copy.deepcopy(sched.get("tolerations", []))],
     }
-    for key in ("nodeSelector", "affinity", "runtimeClassName", "priorityClassName"):
+    for key in ("nodeSelector", "runtimeClassName", "priorityClassName"):
         if sched.get(key):
             pod_spec[key] = copy.deepcopy(sched[key])
+    affinity = _affinity(vlmd, sched.get("affinity"))
+    if affinity:
+        pod_spec["affinity"] = affinity
     if vlmd.spec.get("serviceAccountName"):  # e.g. cloud workload identity; still no token
         pod_spec["serviceAccountName"] = vlmd.spec["serviceAccountName"]
     return {
