@@ -49,6 +49,16 @@ def status() -> s.Schema:
                 "currentReplicas": s.integer("Replicas when it decided."),
                 "reason": s.string("Why."),
                 "time": s.string("When."),
+                "pendingReplicas": s.array(
+                    "Replicas not Ready yet: since when each starts and when it is expected "
+                    "to serve (its creation plus the median start of the last 8 seen).",
+                    s.obj("A replica still starting.", {
+                        "pod": s.string("The pod."),
+                        "since": s.string("Its creation."),
+                        "expectedReadyTime": s.string("When it is expected to be Ready."),
+                        "expected": s.string("What the expectation rests on, or why there "
+                                             "is none."),
+                    })),
             }),
             "kopf": s.obj("Operator framework bookkeeping.", preserve_unknown=True),
         },
