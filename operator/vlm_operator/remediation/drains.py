@@ -112,16 +112,16 @@ def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, str]) ->
         action = guards.node_drain_action(view, views, owner.policy,
                                           rem.kube.pdb_unhealthy_pod_eviction)
         if action == Step.DELETE:
-            _release(rem, pod, namespace=namespace, name=name, body=body, node=node,
-                     why=leaving[node])
+            _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node])
         elif action == REPLACE:
             _protect(rem, pod, owner=owner, body=body, pods=pods, node=node, why=leaving[node],
                      now=now)
 
 
-def _release(rem: Remediator, pod: dict, *, namespace: str, name: str, body: dict, node: str,
+def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
              why: str) -> None:
     """A pod that serves nothing whose eviction the budget refuses: delete it."""
+    namespace, name = owner.namespace, owner.name
     meta = pod["metadata"]
     if not actions.delete_quickly(rem.kube, namespace, pod=meta["name"], uid=meta["uid"]):
         return
