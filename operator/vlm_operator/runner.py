@@ -1,4 +1,23 @@
-"""`vlm-operator run`: configure kopf and start the operator."""
+"""`vlm-operator run`: configure kopf and start the operator.
+
+This is the one place the operator's long-lived objects are made and wired (`build`), and each
+is complete when its constructor returns: nothing is assigned onto an object afterwards. The
+order is what makes that possible:
+
+1. what needs nothing of the others: the API wrapper, the watchdog, the watch-fed caches, the
+   peering reader, the heartbeat store, and the GPU budget (autoscaling/budget.py), which both
+   the autoscaler (scale-ups) and remediation (surge replacements) read;
+2. log watching, with its Remediator, given the budget's `replica_fits`; stall detection, given
+   that Remediator; the autoscaler, given the log watcher's `failing_pods`; the pod reads;
+3. the rounds over all of these, and last the Reconciler, given every report provider at once.
+
+One cycle is real at run time and cannot be ordered away: log watching, the autoscaler and
+the pod reads publish status through `Reconciler.refresh` when a condition of theirs changes,
+and the Reconciler asks each of them for those conditions when it publishes. They get `refresh`,
+a function that looks the Reconciler up when called (a closure over the name `build` binds it
+to last); nothing calls it before `build` returns, since only pod events, detections and the
+periodic rounds do, and those start after (kopf's handlers and `Periodic.start`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +26,8 @@ import itertools
 import logging
 import os
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import kopf
 from kubernetes import client, config
@@ -17,6 +38,7 @@ from vlm_operator import metrics
 from vlm_operator.api.admin_policy import AdminPolicy
 from vlm_operator.api.names import FINALIZER, STORAGE_PREFIX
 from vlm_operator.autoscaling.autoscaler import Autoscaler
+from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.engine.reachability import PodReads
 from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
@@ -142,6 +164,72 @@ def _not_pool_full(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Connection pool is full")
 
 
+@dataclass(frozen=True)
+class Parts:
+    """The operator's long-lived objects, as `build` wired them."""
+    reconciler: Reconciler
+    watchdog: Watchdog
+    cluster: ClusterCache
+    budget: GpuBudget
+    peering: Peering | None
+    logwatch: LogWatch
+    stall_watch: StallWatch
+    autoscaler: Autoscaler
+    reads: PodReads
+    scraper: Scraper
+    rounds: Rounds
+    periodic: Periodic  # not started yet
+
+
+def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, identity: str,
+          peering_name: str, resync: Callable[[str, str], None]) -> Parts:
+    """Make and wire the operator's objects in an order where each is complete when made (the
+    module's docstring says which). `resync(namespace, name)`: the periodic full reconcile
+    (handlers.reconcile, which turns API errors into log lines)."""
+    kube = Kube(api)
+    watchdog = Watchdog()
+    # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
+    cluster = ClusterCache(kube, args.namespaces, watchdog, owns=shard.owns)
+    budget = GpuBudget(cluster)
+    peering = None if args.standalone else Peering(
+        kube, peering_name, identity, args.priority, namespaced=bool(args.namespaces))
+    heartbeats = Heartbeats()  # the log followers write the engine heartbeats, rounds read
+
+    def refresh(namespace: str, name: str) -> None:
+        """Reconciler.refresh, looked up when called: the Reconciler is made last."""
+        reconciler.refresh(namespace, name)
+
+    logwatch = LogWatch(  # a remediation reads the peering object afresh
+        kube, refresh,
+        may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
+        replica_fits=budget.replica_fits, leaving_nodes=cluster.leaving_nodes,
+        node_drain_wait_s=args.node_drain_wait_seconds,
+        may_mark=peering.may_act if peering else None,
+        mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
+    stall_watch = StallWatch(logwatch.remediator, heartbeats)
+    autoscaler = Autoscaler(kube, refresh, budget=budget, failing_pods=logwatch.failing_pods)
+    reads = PodReads(refresh)  # PodsReachable, PodsReadable
+    scraper = Scraper()
+    rounds = Rounds(cluster, scraper,  # its pod lists come from the cache
+                    stall_watch, autoscaler, reads, logwatch.remediator)
+    reconciler = Reconciler(kube, get_policy(args), report_providers=(
+        autoscaler.reports, autoscaler.mode_reports, watchdog.reports, logwatch.reports,
+        stall_watch.reports, reads.reports))
+
+    def forget(namespace: str, name: str) -> None:
+        """The VLMDeployment is gone (or another shard's): its round state and series."""
+        rounds.forget(namespace, name)
+        metrics.forget_vlmd(namespace, name)
+
+    periodic = Periodic(
+        tick=rounds.tick, forget=forget, due=rounds.due, sweep=metrics.keep_only,
+        resync=resync, may_act=peering.may_act if peering else None, watchdog=watchdog)
+    return Parts(reconciler=reconciler, watchdog=watchdog, cluster=cluster, budget=budget,
+                 peering=peering, logwatch=logwatch, stall_watch=stall_watch,
+                 autoscaler=autoscaler, reads=reads, scraper=scraper, rounds=rounds,
+                 periodic=periodic)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -160,44 +248,12 @@ def run(args: argparse.Namespace) -> int:
         api = _api_client()
         if not args.standalone:
             ensure_peering(api, peering_name, args.namespaces)
-        memo.reconciler = Reconciler(Kube(api), get_policy(args))
-        watchdog = Watchdog()
-        # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
-        memo.cluster = ClusterCache(memo.reconciler.kube, args.namespaces, watchdog,
-                                    owns=shard.owns)
-        memo.autoscaler = Autoscaler(memo.reconciler.kube, memo.reconciler.refresh,
-                                     cluster=memo.cluster)
-        memo.reconciler.report_providers += [memo.autoscaler.reports,
-                                             memo.autoscaler.mode_reports, watchdog.reports]
-        peering = None if args.standalone else Peering(
-            memo.reconciler.kube, peering_name, identity, args.priority,
-            namespaced=bool(args.namespaces))
-        heartbeats = Heartbeats()  # the log followers write the engine heartbeats, rounds read
-        memo.logwatch = LogWatch(  # a remediation reads the peering object afresh
-            memo.reconciler.kube, memo.reconciler.refresh,
-            may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
-            replica_fits=memo.autoscaler.replica_fits, leaving_nodes=memo.cluster.leaving_nodes,
-            node_drain_wait_s=args.node_drain_wait_seconds,
-            may_mark=peering.may_act if peering else None,
-            mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
-        stall_watch = StallWatch(memo.logwatch.remediator, heartbeats)
-        memo.reconciler.report_providers += [memo.logwatch.reports, stall_watch.reports]
-        memo.autoscaler.failing_pods = memo.logwatch.failing_pods
-        memo.scraper = Scraper()
-        reads = PodReads(memo.reconciler.refresh)  # PodsReachable, PodsReadable
-        memo.reconciler.report_providers.append(reads.reports)
-        rounds = Rounds(memo.cluster, memo.scraper,  # its pod lists come from the cache
-                        stall_watch, memo.autoscaler, reads, memo.logwatch.remediator)
-
-        def forget(namespace: str, name: str) -> None:
-            """The VLMDeployment is gone (or another shard's): its round state and series."""
-            rounds.forget(namespace, name)
-            metrics.forget_vlmd(namespace, name)
-
-        memo.periodic = Periodic(
-            tick=rounds.tick, forget=forget, due=rounds.due, sweep=metrics.keep_only,
-            resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False),
-            may_act=peering.may_act if peering else None, watchdog=watchdog).start()
+        parts = build(api, args, shard=shard, identity=identity, peering_name=peering_name,
+                      resync=lambda ns, name: handlers.reconcile(memo, ns, name, retry=False))
+        memo.reconciler, memo.cluster, memo.autoscaler = (
+            parts.reconciler, parts.cluster, parts.autoscaler)
+        memo.logwatch, memo.scraper, memo.periodic = parts.logwatch, parts.scraper, parts.periodic
+        parts.periodic.start()  # its resync reads memo.reconciler
         if args.metrics_port:
             start_http_server(args.metrics_port)
 

@@ -156,6 +156,17 @@ def ns(api: Any, operator: Any) -> Iterator[str]:
     client.CoreV1Api(api).delete_namespace(name)
 
 
+@pytest.fixture
+def sim(cluster: Cluster, ns: str) -> Iterator[Any]:
+    """A simulated node with 4 GPUs for the test's namespace, running its pods with the vLLM
+    stand-in; restarts back off from 1 s."""
+    from vlm_testbed.nodesim import NodeSimulator
+
+    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
+                       name_prefix=f"sim-{ns}") as s:
+        yield s
+
+
 # -- a real Prometheus (shared by the e2e modules that read metrics through it)
 
 @dataclass

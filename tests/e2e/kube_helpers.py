@@ -76,6 +76,13 @@ def delete_cr(api, ns, name):
     custom(api).delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
 
 
+def health(**kw):
+    """spec.health for the remediation tests: a retry storm is 3 lines within 60 s, acted on
+    with a Restart; `kw` overrides or adds fields."""
+    return {"tokenizerRetry": {"threshold": 3, "windowSeconds": 60, "action": "Restart"},
+            "maxRestartsPerHour": 20, "minAvailable": 1, **kw}
+
+
 def condition(obj, type_):
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c["type"] == type_:

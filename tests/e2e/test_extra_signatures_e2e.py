@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from kube_helpers import (
     condition,
     cr,
@@ -20,16 +19,7 @@ from kube_helpers import (
     wait_ready_pods,
 )
 
-from vlm_testbed.nodesim import NodeSimulator
-
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB"
-
-
-@pytest.fixture
-def sim(cluster, ns):
-    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
-                       name_prefix=f"sim-{ns}") as s:
-        yield s
 
 
 def health(extra):

@@ -14,6 +14,7 @@ from kube_helpers import (
     create,
     events,
     get_cr,
+    health,
     make_namespace,
     managed_pods,
     metric,
@@ -31,18 +32,6 @@ from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 
 KEEP_ALIVE = {"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}
-
-
-@pytest.fixture
-def sim(cluster, ns):
-    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
-                       name_prefix=f"sim-{ns}") as s:
-        yield s
-
-
-def health(**kw):
-    return {"tokenizerRetry": {"threshold": 3, "windowSeconds": 60, "action": "Restart"},
-            "maxRestartsPerHour": 20, "minAvailable": 1, **kw}
 
 
 def rss_kib(pid: int) -> int:

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import time
 
-import pytest
 from kube_helpers import (
     condition,
     cr,
@@ -17,6 +16,7 @@ from kube_helpers import (
     deployment,
     events,
     get_cr,
+    health,
     is_ready,
     make_namespace,
     managed_pods,
@@ -31,20 +31,6 @@ from kubernetes import client, watch
 from vlm_operator.desired import children
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
-
-
-@pytest.fixture
-def sim(cluster, ns):
-    with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=4, backoff_base=1.0,
-                       name_prefix=f"sim-{ns}") as s:
-        yield s
-
-
-def health(**kw):
-    base = {"tokenizerRetry": {"threshold": 3, "windowSeconds": 60, "action": "Restart"},
-            "maxRestartsPerHour": 20, "minAvailable": 1}
-    base.update(kw)
-    return base
 
 
 def test_retry_storm_restarts_the_pod(api, ns, sim, operator):

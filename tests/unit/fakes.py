@@ -6,9 +6,9 @@ can say exactly what the glue did:
   delete of a pod that is gone (or whose uid differs) is False, merge-patched annotations with
   None are removed.
 - what a round reads and calls (runtime/rounds.py, stalls/watch.py): the watch-fed pod cache
-  (k8s/caches.ClusterCache), the /metrics scraper and the pod HTTP calls (engine/reader.py), a
-  controllable clock, and recording fakes of the parts a round hands its readings to (stall
-  watch, autoscaler, remediator)."""
+  (k8s/caches.ClusterCache), the /metrics scraper and the pod HTTP calls (engine/reader.py,
+  engine/canary.py), a controllable clock, and recording fakes of the parts a round hands its
+  readings to (stall watch, autoscaler, remediator)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import names
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
+from vlm_operator.engine import canary, reader
 
 WRITES = ("patch_vlmd_annotations", "patch_vlmd_status", "delete", "patch_pod", "scale_vlmd",
           "post_event")
@@ -231,16 +231,16 @@ class FakeScraper:
 
 
 class FakePodHTTP:
-    """engine/reader's calls to a pod (the canary, /health) answered from a script, in
-    place of HTTP: `install(monkeypatch)` puts it in."""
+    """The stall watch's calls to a pod (engine/canary.send, engine/reader.health) answered
+    from a script, in place of HTTP: `install(monkeypatch)` puts it in."""
 
-    def __init__(self, canary: str = reader.ANSWERED, health: str | None = None) -> None:
+    def __init__(self, canary: str = canary.ANSWERED, health: str | None = None) -> None:
         self.canary_result = canary
         self.health_result = health
         self.calls: list[tuple] = []
 
     def install(self, monkeypatch) -> FakePodHTTP:
-        monkeypatch.setattr(reader, "canary", self.canary)
+        monkeypatch.setattr(canary, "send", self.canary)
         monkeypatch.setattr(reader, "health", self.health)
         return self
 

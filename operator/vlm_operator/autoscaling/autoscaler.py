@@ -16,10 +16,10 @@ answers the deletion with a replacement, which is Pending and unready and so the
 removes when the replica count drops a moment later.
 
 Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
-pod names to remove first (empty by default; the log watcher sets it).
+pod names to remove first (empty by default; runner.py passes the log watcher's).
 
-Scale-ups are granted from the GPU budget (autoscaling.share_gpus: replicas that fit on one
-node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
+Scale-ups are granted from the GPU budget (budget.py; k8s/nodes.share_gpus: replicas that fit
+on one node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
 (k8s/caches.py), never from a LIST per round. A budget the caches cannot vouch for holds
 scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full.
 """
@@ -40,11 +40,12 @@ from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.autoscaling import starts
+from vlm_operator.autoscaling.budget import GpuBudget, placement
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache, Stale
 from vlm_operator.k8s.kube import Kube, now_iso
-from vlm_operator.k8s.nodes import Claim, Node, largest_free, share_gpus
+from vlm_operator.k8s.nodes import Claim, largest_free, share_gpus
 from vlm_operator.k8s.pods import is_ready, parse_time
 from vlm_operator.remediation import incidents
 
@@ -84,15 +85,24 @@ def _pod_state(pod: dict) -> str:
     return a.LOADING if (pod.get("spec") or {}).get("nodeName") else a.PENDING
 
 
+def _none_failing(namespace: str, name: str) -> set[str]:
+    return set()
+
+
 class Autoscaler:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None] = lambda ns, name: None,
-                 clock: Callable[[], float] = time.time, cluster: ClusterCache | None = None):
+                 clock: Callable[[], float] = time.time, *, budget: GpuBudget | None = None,
+                 failing_pods: Callable[[str, str], set[str]] = _none_failing):
+        """`reconcile(namespace, name)` publishes status when a condition this reports changes
+        (Reconciler.refresh: logs its own errors); `budget`: the GPU budget scale-ups are
+        granted from (budget.py; by default one over caches of its own); `failing_pods(namespace,
+        name)`: the pods log watching finds failing, removed first on a scale-down (none by
+        default)."""
         self.kube = kube
-        self.cluster = cluster or ClusterCache(kube)
-        self.reconcile = reconcile  # publishes status when a condition this reports changes
-        # (Reconciler.refresh: logs its own errors)
+        self.budget = budget or GpuBudget(ClusterCache(kube))
+        self.reconcile = reconcile
         self.clock = clock
-        self.failing_pods: Callable[[str, str], set[str]] = lambda namespace, name: set()
+        self.failing_pods = failing_pods
         self._states: dict[Key, _State] = {}
         self._claims: dict[Key, tuple[Claim, float]] = {}
         self._lock = threading.Lock()  # claims and priorities
@@ -129,25 +139,6 @@ class Autoscaler:
             log.exception("failing_pods hook failed")
             return set()
 
-    def _budget(self) -> tuple[list[Node], dict[str, dict[str, int]]]:
-        """Schedulable nodes and what is free on each (raises Stale)."""
-        nodes, free = self.cluster.budget()
-        metrics.AUTOSCALER_FREE_GPUS.set(sum(f.get(children.GPU_RESOURCE, 0)
-                                             for f in free.values()))
-        return nodes, free
-
-    def replica_fits(self, vlmd: VLMDeployment, pending: int = 0) -> bool:
-        """For surge replacements (remediation/remediator.py): whether one more replica fits on
-        one node its pods may use, in its GPU resource, once `pending` replicas of it that no node
-        holds yet took theirs (placed as share_gpus places a scale-up); raises Stale when the budget
-        is unknown."""
-        nodes, free = self._budget()
-        key = (vlmd.namespace, vlmd.name)
-        want = max(0, pending) + 1
-        claim = Claim(key, 0, vlmd.spec["gpusPerReplica"], 0, 0, want,
-                        vlmd.spec["gpuResourceName"], _placement(vlmd))
-        return share_gpus(nodes, free, [claim])[key] >= want
-
     def _priority(self, vlmd: VLMDeployment) -> int:
         explicit = vlmd.spec["autoscaling"].get("priority")
         if explicit is not None:
@@ -168,7 +159,7 @@ class Autoscaler:
         """Replicas granted, and (reason, text) when the budget held some back."""
         key = (vlmd.namespace, vlmd.name)
         claim = Claim(key, self._priority(vlmd), vlmd.spec["gpusPerReplica"], current, bound,
-                        desired, vlmd.spec["gpuResourceName"], _placement(vlmd))
+                        desired, vlmd.spec["gpuResourceName"], placement(vlmd))
         with self._lock:
             now = time.monotonic()
             self._claims[key] = (claim, now)
@@ -176,7 +167,7 @@ class Autoscaler:
         if desired <= current:  # scale-downs and holds need no budget
             return desired, None
         try:
-            nodes, free = self._budget()
+            nodes, free = self.budget.read()
         except Stale as exc:
             return current, ("GPUBudgetUnknown", f"the free GPUs are unknown ({exc}); holding "
                                                  f"{current} replicas until they are known")
@@ -209,7 +200,7 @@ class Autoscaler:
             vlmd = parse(body)
         except SpecError:
             return None
-        self.cluster.start_budget()  # current by the time a scale-up needs it
+        self.budget.start()  # current by the time a scale-up needs it
         pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                 and not _removed_elsewhere(p)]
         failing = self._failing(vlmd)  # once a round, not once a pod
@@ -346,12 +337,6 @@ class Autoscaler:
         self._states.pop((namespace, name), None)
         with self._lock:
             self._claims.pop((namespace, name), None)
-
-
-def _placement(vlmd: VLMDeployment) -> dict:
-    """What decides which nodes the VLMDeployment's pods may go to."""
-    template = children.get_pod_template(vlmd)["spec"]
-    return {k: template.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
 
 
 def _removed_elsewhere(pod: dict) -> bool:

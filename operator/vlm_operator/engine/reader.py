@@ -1,5 +1,6 @@
-"""Reading a vLLM pod over HTTP: /metrics, /health and the stall canary, each one bounded
-exchange (engine/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange).
+"""Reading a vLLM pod over HTTP: /metrics and /health, each one bounded exchange
+(engine/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange); the stall
+canary has a module of its own (engine/canary.py).
 
 Unknown is not zero: a read that fails says nothing about load, so callers get an error kind or
 None, never 0. Unreachable is not sick: a connection that cannot be made (UNREACHABLE) is kept
@@ -13,8 +14,8 @@ round serves both the autoscaler and stall detection.
 Caps: METRICS_CAP (2 MiB) is 40 times a real vLLM 0.32.0 /metrics page (about 50 KB, 425
 samples, one engine): room for per-engine label sets of data-parallel servers and for LoRA
 and speculative-decoding families, while 32 workers reading capped answers at once hold at
-most 64 MiB. /health, /v1/models and a 1-token completion are small JSON (or empty):
-SMALL_CAP (64 KiB).
+most 64 MiB. /health (and the canary's /v1/models and 1-token completion) are small JSON (or
+empty): SMALL_CAP (64 KiB).
 
 Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 KB (histogram
 buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
@@ -27,11 +28,9 @@ pod can serve costs more than tens of milliseconds.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import threading
 import time
-import uuid
 from collections.abc import Collection
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
@@ -50,13 +49,9 @@ SCRAPE_WORKERS = 32
 START_BY_S = 0.5  # a round's read not started by then is not read this round (BUSY)
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 HTTP_ERROR = "http_error"  # an answer with a status other than the one asked for
-UNAUTHORIZED = "unauthorized"  # HTTP 401/403: an API key guards /v1; the operator holds none
 BUSY = "busy"  # not read this round: its last read still runs, or its share of workers was
 # taken until the round stopped waiting; says nothing about the pod
 NO_IP = "no-ip"
-ANSWERED = "answered"
-CANARY_ID_PREFIX = "vlm-operator-canary-"
-CANARY_PROMPT = "Hi"
 
 
 def pod_ip(pod: dict) -> str | None:
@@ -141,39 +136,6 @@ def health(ip: str | None, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
     except PodHTTPError as exc:
         return exc.kind
     return "ok" if answer.status == 200 else "failing"
-
-
-def canary_id() -> str:
-    return CANARY_ID_PREFIX + uuid.uuid4().hex[:12]
-
-
-def canary(ip: str, timeout_s: float, request_id: str) -> str:
-    """The smallest completion (max_tokens 1, a fixed 1-token prompt) for the model the pod
-    serves, both exchanges within timeout_s: ANSWERED, or an error kind (TIMEOUT only on a
-    connection the pod accepted; UNREACHABLE when none could be made; UNAUTHORIZED: HTTP
-    401/403, an API key guards /v1 and the operator holds none; HTTP_ERROR, no model listed:
-    BAD_ANSWER). The request id (X-Request-Id) and user field mark it as the operator's in
-    vLLM's logs."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        models = _exchange(ip, "GET", "/v1/models", timeout_s, SMALL_CAP)
-        if models.status != 200:
-            return UNAUTHORIZED if models.status in (401, 403) else HTTP_ERROR
-        try:
-            model = json.loads(models.body)["data"][0]["id"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return BAD_ANSWER
-        body = json.dumps({"model": model, "prompt": CANARY_PROMPT, "max_tokens": 1,
-                           "temperature": 0, "user": "vlm-operator-canary"}).encode()
-        left = max(0.1, deadline - time.monotonic())
-        answer = _exchange(ip, "POST", "/v1/completions", left, SMALL_CAP, body=body,
-                           headers={"Content-Type": "application/json",
-                                    "X-Request-Id": request_id})
-    except PodHTTPError as exc:
-        return exc.kind
-    if answer.status in (401, 403):
-        return UNAUTHORIZED
-    return ANSWERED if 200 <= answer.status < 300 else HTTP_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kubernetes.client.exceptions import ApiException
 
@@ -56,10 +56,13 @@ ReportProvider = Callable[[str, str], list[Report]]
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, rules: admin_policy.AdminPolicy | None = None):
+    def __init__(self, kube: Kube, rules: admin_policy.AdminPolicy | None = None, *,
+                 report_providers: Sequence[ReportProvider] = ()):
+        """`rules`: the cluster admin's policy (admin_policy.py; None: none);
+        `report_providers`: the other parts' conditions, in the order they are published."""
         self.kube = kube
-        self.rules = rules  # the cluster admin's policy (admin_policy.py); None: none
-        self.report_providers: list[ReportProvider] = []
+        self.rules = rules
+        self.report_providers = tuple(report_providers)
         self._guard = threading.Lock()
         self._running: set[tuple[str, str]] = set()
         self._dirty: set[tuple[str, str]] = set()

@@ -48,9 +48,9 @@ def leaving_nodes(rem: Remediator) -> Mapping[str, str] | None:
         return None
 
 
-def drain_work(pods: list[dict], records: Mapping[str, InFlight], leaving: Mapping[str, str],
-               policy: HealthPolicy, engine_dead: Callable[[str], bool],
-               always_allow: bool) -> bool:
+def drain_work(pods: list[dict], records: Mapping[str, InFlight], *,
+               leaving: Mapping[str, str], policy: HealthPolicy,
+               engine_dead: Callable[[str], bool], always_allow: bool) -> bool:
     """Whether a pod on a leaving node needs something this round: an action of its own, or
     its Replace record has yet to note the node (from the round's pods: the check is redone on
     a fresh read before acting)."""
@@ -81,16 +81,16 @@ def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
     owner = rem.owner(namespace, name)
     if owner.policy is None:
         rem.refresh(namespace, name)
-    if owner.policy is not None and drain_work(pods, records, leaving, owner.policy,
-                                               rem.engine_dead,
-                                               rem.kube.pdb_unhealthy_pod_eviction):
+    if owner.policy is not None and drain_work(
+            pods, records, leaving=leaving, policy=owner.policy, engine_dead=rem.engine_dead,
+            always_allow=rem.kube.pdb_unhealthy_pod_eviction):
         with owner.lock:  # decided again on what the cluster shows now
-            node_drains(rem, namespace, name, owner, leaving)
+            node_drains(rem, owner, leaving=leaving)
 
 
-def node_drains(rem: Remediator, namespace: str, name: str, owner: Owner,
-                leaving: Mapping[str, str]) -> None:
+def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, str]) -> None:
     """The VLMDeployment's pods on leaving nodes, read afresh (owner.lock held)."""
+    namespace, name = owner.namespace, owner.name
     body = rem.refresh(namespace, name)
     if body is None or owner.policy is None:
         return
@@ -112,15 +112,16 @@ def node_drains(rem: Remediator, namespace: str, name: str, owner: Owner,
         action = guards.node_drain_action(view, views, owner.policy,
                                           rem.kube.pdb_unhealthy_pod_eviction)
         if action == Step.DELETE:
-            _release(rem, namespace, name, body, pod, node=node, why=leaving[node])
+            _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node])
         elif action == REPLACE:
-            _protect(rem, namespace, name, owner, body, pods, pod, node=node,
-                     why=leaving[node], now=now)
+            _protect(rem, pod, owner=owner, body=body, pods=pods, node=node, why=leaving[node],
+                     now=now)
 
 
-def _release(rem: Remediator, namespace: str, name: str, body: dict, pod: dict, *, node: str,
+def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
              why: str) -> None:
     """A pod that serves nothing whose eviction the budget refuses: delete it."""
+    namespace, name = owner.namespace, owner.name
     meta = pod["metadata"]
     if not actions.delete_quickly(rem.kube, namespace, pod=meta["name"], uid=meta["uid"]):
         return
@@ -130,10 +131,11 @@ def _release(rem: Remediator, namespace: str, name: str, body: dict, pod: dict, 
     events.post(rem.kube, namespace, name, pod, Event("Normal", "NodeDrainReleased", text), body)
 
 
-def _protect(rem: Remediator, namespace: str, name: str, owner: Owner, body: dict,
-             pods: list[dict], pod: dict, *, node: str, why: str, now: float) -> None:
+def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list[dict],
+             node: str, why: str, now: float) -> None:
     """A serving pod minAvailable protects on a leaving node: a Replace of its own, with a
     surge when a replica fits elsewhere, else waiting for capacity."""
+    namespace, name = owner.namespace, owner.name
     meta = pod["metadata"]
     records = parse_in_flight(body["metadata"].get("annotations"))
     spare = rem.spare_gpus(owner, pending_claims(records, pods))

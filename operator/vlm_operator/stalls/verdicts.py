@@ -26,8 +26,8 @@ from vlm_operator.api.reports import Report
 PROGRESS_METRICS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
                     "vllm:request_success_total")
 FRESH_S = 5.0  # a reading older than this says nothing about now
-ANSWERED, TIMED_OUT = "answered", "timeout"  # scrape.ANSWERED, podhttp.TIMEOUT
-UNAUTHORIZED = "unauthorized"  # scrape.UNAUTHORIZED: an API key guards /v1
+ANSWERED, TIMED_OUT = "answered", "timeout"  # engine/canary.ANSWERED, podhttp.TIMEOUT
+UNAUTHORIZED = "unauthorized"  # engine/canary.UNAUTHORIZED: an API key guards /v1
 OK, STALLED, UNKNOWN = "ok", "stalled", "unknown"
 UNRESPONSIVE, UNCORROBORATED = "unresponsive", "uncorroborated"
 

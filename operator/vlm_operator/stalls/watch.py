@@ -29,7 +29,7 @@ from typing import Protocol
 
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import VLMDeployment
-from vlm_operator.engine import reader
+from vlm_operator.engine import canary, reader
 from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.engine.podhttp import TIMEOUT
 from vlm_operator.k8s.pods import not_ready, ready, restart_count
@@ -211,9 +211,9 @@ class StallWatch:
 
     def _canary(self, vlmd: VLMDeployment, pod: dict, timeout_s: float) -> None:
         uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
-        request_id = reader.canary_id()
+        request_id = canary.new_id()
         sent = time.time()
-        result = reader.canary(reader.pod_ip(pod), timeout_s, request_id)
+        result = canary.send(reader.pod_ip(pod), timeout_s, request_id)
         CANARIES.labels(vlmd.namespace, vlmd.name, result).inc()
         now = time.time()
         judged = self._store(vlmd, uid, lambda p: verdicts.after_canary(p, result, sent, now))

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from vlm_operator.api.validation import parse
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
+from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.engine.reader import Scrape
 from vlm_operator.k8s import nodes as gpu_budget
 from vlm_operator.remediation import incidents
@@ -71,7 +71,7 @@ IDLE = Scrape(values={"vllm:num_requests_running": 0.0, "vllm:num_requests_waiti
 def test_a_stale_view_is_read_afresh_not_acted_on_again():
     stale = vlmd(2, "10")
     kube = Kube(stale)
-    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
     pods = [pod("a"), pod("b", draining_since=990.0)]  # b drained: it goes, replicas 2 -> 1
     scaler.tick(stale, pods, {"a": IDLE, "b": IDLE})
     assert kube.calls == [("delete", "b"), ("scale", 1)]
@@ -89,7 +89,7 @@ def test_a_running_pod_that_is_not_ready_is_read_not_loading():
     assert _pod_state(pod("unready", ready=False, started=True)) == a.READY
     # so an unreadable one is UNKNOWN, never drained at once or picked to go
     kube = Kube(vlmd(2, "1"))
-    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
     scaler.tick(kube.body, [pod("a"), pod("busy", ready=False, draining_since=900.0)],
                 {"a": IDLE, "busy": Scrape(error="timeout")})
     assert ("delete", "busy") not in kube.calls
@@ -101,7 +101,7 @@ def test_a_draining_pod_that_cannot_be_read_is_never_drained(error):
     """Whatever kept its /metrics from being read (a refused or dropped connection, an answer
     outside the operator's limits, no worker free this round), its load is unknown, not 0."""
     kube = Kube(vlmd(2, "1"))
-    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
     scaler.tick(kube.body, [pod("a"), pod("b", draining_since=990.0)],
                 {"a": IDLE, "b": Scrape(error=error)})
     assert ("delete", "b") not in kube.calls
@@ -111,7 +111,7 @@ def test_failing_pods_are_asked_once_a_round_and_picked_first():
     """The log watcher's failing pods (remove first) are asked once per round, not once per
     pod: the question walks the watcher's state, every second per Builtin VLMDeployment."""
     kube = Kube(vlmd(3, "1"))
-    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
     asked = []
     scaler.failing_pods = lambda namespace, name: asked.append(name) or {"b"}
     pods = [pod("a"), pod("b"), pod("c")]
@@ -145,7 +145,8 @@ def test_a_surge_replacement_is_not_counted_as_a_granted_replica():
     body = surging(vlmd(2, "1"))
     kube = Kube(body)
     clock = iter(range(1000, 1010))
-    scaler = Autoscaler(kube, clock=lambda: float(next(clock)), cluster=Budget(free=0))
+    scaler = Autoscaler(kube, clock=lambda: float(next(clock)),
+                        budget=GpuBudget(Budget(free=0)))
     busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
     pods = [pod("a"), pod("b"), pod("x", ready=False, started=False)]  # x: the replacement
     for _ in range(3):
@@ -154,17 +155,9 @@ def test_a_surge_replacement_is_not_counted_as_a_granted_replica():
     assert decision.desired == 2 and decision.reason == "ScalingLimited"
 
 
-def test_replica_fits_leaves_the_pending_claims_their_gpus():
-    vlmd_ = parse(vlmd(2, "1"))
-    scaler = Autoscaler(Kube({}), cluster=Budget(free=1))
-    assert scaler.replica_fits(vlmd_) and scaler.replica_fits(vlmd_, 0)
-    assert not scaler.replica_fits(vlmd_, 1)  # a surge not on a node yet takes the free GPU
-    assert Autoscaler(Kube({}), cluster=Budget(free=2)).replica_fits(vlmd_, 1)
-
-
 def test_status_says_when_each_replica_still_starting_should_serve():
     kube = Kube(vlmd(2, "1"))
-    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
     done = pod("a")
     done["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:01:50Z"  # 110 s
     starting = pod("b", ready=False, started=False)

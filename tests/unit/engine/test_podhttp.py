@@ -1,7 +1,8 @@
-"""The operator's HTTP exchanges with pods (engine/podhttp.py, through reader.py), against local
-servers: the vLLM stand-in in its hostile modes (redirects, a huge /metrics, drip-fed headers),
-a port nothing listens on, a listener whose queue is full (SYNs dropped: a connect timeout, as
-behind a NetworkPolicy that drops), and one that accepts and never answers."""
+"""The operator's HTTP exchanges with pods (engine/podhttp.py, through reader.py and
+canary.py), against local servers: the vLLM stand-in in its hostile modes (redirects, a huge
+/metrics, drip-fed headers), a port nothing listens on, a listener whose queue is full (SYNs
+dropped: a connect timeout, as behind a NetworkPolicy that drops), and one that accepts and
+never answers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 import pytest
 
 from vlm_operator.api import names
-from vlm_operator.engine import podhttp, reader
+from vlm_operator.engine import canary, podhttp, reader
 from vlm_operator.engine.podhttp import (
     BAD_ANSWER,
     REDIRECT,
@@ -63,7 +64,7 @@ def test_a_well_behaved_pod_reads_as_before(stand_in):
     values = reader.get_metrics(POD_IP, PROGRESS_METRICS)
     assert set(values) == set(PROGRESS_METRICS)
     assert reader.health(POD_IP) == "ok"
-    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == reader.ANSWERED
+    assert canary.send(POD_IP, 2.0, canary.new_id()) == canary.ANSWERED
     assert reader.requests_in_flight(POD_IP) == 0.0
 
 
@@ -74,11 +75,11 @@ def test_redirects_are_never_followed(stand_in, target):
                           "paths": ["/metrics", "/health", "/v1/models", "/v1/completions"]})
     assert kind_of(lambda: reader.get_metrics(POD_IP, PROGRESS_METRICS)) == REDIRECT
     assert reader.health(POD_IP) == REDIRECT
-    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == REDIRECT
+    assert canary.send(POD_IP, 2.0, canary.new_id()) == REDIRECT
     assert reader.requests_in_flight(POD_IP) is None
     stand_in.apply_fault({"fault": "redirect", "to": target.url, "status": 307,
                           "paths": ["/v1/completions"]})  # the POST itself redirected
-    assert reader.canary(POD_IP, 2.0, reader.canary_id()) == REDIRECT
+    assert canary.send(POD_IP, 2.0, canary.new_id()) == REDIRECT
     assert target.requests == []
 
 
@@ -119,7 +120,7 @@ def test_drip_fed_headers_are_cut_at_the_deadline(stand_in):
     with pytest.raises(PodHTTPError) as info:
         reader.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=1.0)
     assert info.value.kind == TIMEOUT and "within 1 s" in info.value.detail
-    assert reader.canary(POD_IP, 1.0, reader.canary_id()) == TIMEOUT  # /v1/models drips too
+    assert canary.send(POD_IP, 1.0, canary.new_id()) == TIMEOUT  # /v1/models drips too
 
 
 def test_drip_fed_headers_within_the_deadline_are_an_answer(stand_in):
@@ -134,7 +135,7 @@ def test_refused_is_unreachable_and_never_zero_in_flight():
     free = "127.0.41.9"
     assert kind_of(lambda: reader.get_metrics(free, PROGRESS_METRICS)) == UNREACHABLE
     assert reader.health(free) == UNREACHABLE
-    assert reader.canary(free, 1.0, reader.canary_id()) == UNREACHABLE
+    assert canary.send(free, 1.0, canary.new_id()) == UNREACHABLE
     assert reader.requests_in_flight(free) is None
 
 
@@ -167,7 +168,7 @@ def test_a_connect_timeout_is_unreachable_not_a_timeout(full_listener):
         reader.get_metrics(POD_IP, PROGRESS_METRICS, timeout_s=0.5)
     assert info.value.kind == UNREACHABLE and "connect timed out" in info.value.detail
     assert reader.health(POD_IP, 0.5) == UNREACHABLE
-    assert reader.canary(POD_IP, 0.5, reader.canary_id()) == UNREACHABLE
+    assert canary.send(POD_IP, 0.5, canary.new_id()) == UNREACHABLE
     assert reader.requests_in_flight(POD_IP, 0.5) is None
 
 
@@ -179,7 +180,7 @@ def test_a_server_that_accepts_and_never_answers_is_a_timeout(monkeypatch):
     try:
         assert kind_of(lambda: reader.get_metrics(POD_IP, PROGRESS_METRICS, 0.5)) == TIMEOUT
         assert reader.health(POD_IP, 0.5) == TIMEOUT
-        assert reader.canary(POD_IP, 0.5, reader.canary_id()) == TIMEOUT
+        assert canary.send(POD_IP, 0.5, canary.new_id()) == TIMEOUT
     finally:
         server.close()
 

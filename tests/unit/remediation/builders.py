@@ -1,12 +1,13 @@
 """Inputs for remediation's pure functions, shared by their tests: a policy from spec.health,
-pod views from a compact spec, incidents, a pod object's status, and one decide() call."""
+pod views from a compact spec, incidents, actions in flight, a pod object's status, and one
+decide() call."""
 
 from __future__ import annotations
 
 from vlm_operator.remediation.decide import PlanRequest, decide
 from vlm_operator.remediation.guards import PodView
-from vlm_operator.remediation.incidents import Incident
-from vlm_operator.remediation.policy import health_policy_from_spec
+from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
+from vlm_operator.remediation.policy import SCALE_DOWN, health_policy_from_spec
 
 NOW = 1_000_000.0
 
@@ -26,6 +27,17 @@ def pods(*spec):
 def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
     key = {"engine_dead": "engineDead"}.get(signature, "tokenizerRetry")
     return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
+
+
+def record(action=SCALE_DOWN, replicas=3, since=NOW):
+    """An action on p0 in flight since `since`, for a tokenizer retry storm."""
+    return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
+
+
+def drain_record(**kw):
+    """p0's Replace for its leaving node n1, waiting for capacity (no surge) since NOW."""
+    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
+                    **{"surge": False, "node": "n1", "node_since": NOW, **kw})
 
 
 def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),

@@ -12,22 +12,13 @@ from vlm_operator.remediation.decide import (
 from vlm_operator.remediation.guards import (
     PodView,
 )
-from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, InFlight
+from vlm_operator.remediation.incidents import REPLACE
 from vlm_operator.remediation.policy import (
     RESTART,
     SCALE_DOWN,
 )
 
-from .builders import NOW, incident, pods, policy, run
-
-
-def record(action=SCALE_DOWN, replicas=3, since=NOW):
-    return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
-
-
-def drain_record(**kw):
-    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
-                    **{"surge": False, "node": "n1", "node_since": NOW, **kw})
+from .builders import NOW, drain_record, incident, pods, policy, record, run
 
 
 @pytest.mark.parametrize("count,threshold,reason", [

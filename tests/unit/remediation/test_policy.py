@@ -10,9 +10,7 @@ from vlm_operator.remediation.policy import (
     health_policy_from_spec,
 )
 
-
-def policy(**health):
-    return health_policy_from_spec({"health": health})
+from .builders import policy
 
 
 def test_policy_defaults_and_mapping():

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, InFlight
-from vlm_operator.remediation.policy import (
-    SCALE_DOWN,
-)
+from vlm_operator.remediation.incidents import REPLACE, InFlight
 from vlm_operator.remediation.steps import (
     UNSCHEDULABLE_S,
     Step,
@@ -18,17 +15,13 @@ from vlm_operator.remediation.steps import (
     scale_down_step,
 )
 
-from .builders import NOW
+from .builders import NOW, drain_record, record
 
 
 @pytest.mark.parametrize("current,min_available,expected", [
     (3, 1, 2), (2, 1, 1), (1, 1, None), (1, 0, 0), (0, 0, None)])
 def test_scale_down_replicas(current, min_available, expected):
     assert scale_down_replicas(current, min_available) == expected
-
-
-def record(action=SCALE_DOWN, replicas=3, since=NOW):
-    return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
 
 
 @pytest.mark.parametrize("kw,step", [
@@ -49,11 +42,6 @@ def test_scale_down_step(kw, step):
 
 def replacing(**kw):
     return InFlight(REPLACE, "p0", "uid-p0", "tokenizer_retry", NOW - 5, NOW, 2, **kw)
-
-
-def drain_record(**kw):
-    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
-                    **{"surge": False, "node": "n1", "node_since": NOW, **kw})
 
 
 @pytest.mark.parametrize("kw,step", [

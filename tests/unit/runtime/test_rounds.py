@@ -6,6 +6,7 @@ The cache and the scraper are in-memory fakes, the parts recording fakes (../fak
 import pytest
 
 from vlm_operator.engine.reachability import PodReads
+from vlm_operator.remediation import incidents
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
@@ -107,6 +108,29 @@ def test_a_vlmd_without_pods_has_no_round(spec):
     assert parts.cluster.calls == [("has_pods", NAMESPACE, "vl")]  # one cache lookup, no list
     assert parts.work() == []
     assert parts.rounds.due(vlmd_body("other"))
+
+
+def test_a_round_is_due_only_with_something_to_do():
+    """Pods, or a cache that cannot say yet (the round then says what is wrong), or a Builtin
+    VLMDeployment below minReplicas (it scales up), or an action in flight to drive, pods or
+    not (a standby taking over); pods that went: test_pods_that_went_get_one_more_round...."""
+    parts = Parts([pod("vl-0")])
+    assert parts.rounds.due(vlmd_body("vl"))
+    parts.cluster.unknown.add((NAMESPACE, "empty"))
+    assert parts.rounds.due(vlmd_body("empty"))
+    parts.cluster.unknown.clear()
+    assert not parts.rounds.due(vlmd_body("empty", replicas=0))
+    builtin = {"enabled": True, "minReplicas": 1, "maxReplicas": 3}
+    assert parts.rounds.due(vlmd_body("empty", replicas=0, autoscaling=builtin))
+    assert not parts.rounds.due(vlmd_body("empty", replicas=0,
+                                          autoscaling={**builtin, "minReplicas": 0}))
+    driven = vlmd_body("empty", replicas=0)
+    record = incidents.InFlight(incidents.SCALE_DOWN, "empty-1", "u1", "tokenizer_retry", 1.0,
+                                1.0, 2)
+    driven["metadata"]["annotations"] = {
+        incidents.IN_FLIGHT: incidents.in_flight_value({"u1": record})}
+    assert parts.rounds.due(driven)
+    assert parts.work() == []  # deciding costs no list and no scrape
 
 
 def test_periodic_runs_rounds_only_for_vlmds_with_pods():

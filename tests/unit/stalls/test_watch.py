@@ -5,7 +5,7 @@ reported to the remediator (a recording fake), canaries and /health checks throu
 import pytest
 
 from vlm_operator.api.validation import parse
-from vlm_operator.engine import reader
+from vlm_operator.engine import canary, reader
 from vlm_operator.engine.podhttp import TIMEOUT, UNREACHABLE
 from vlm_operator.stalls import watch
 from vlm_operator.stalls.watch import Heartbeats, StallWatch
@@ -108,7 +108,7 @@ def test_moving_counters_send_no_canary_and_report_nothing(
 
 def test_an_answered_canary_is_an_idle_engine_not_a_stall(
         monkeypatch, clock, remediator, stall_watch):
-    http = FakePodHTTP(canary=reader.ANSWERED).install(monkeypatch)
+    http = FakePodHTTP(canary=canary.ANSWERED).install(monkeypatch)
     rounds(stall_watch, clock, vlmd(), [pod("vl-0")], lambda t: {"vl-0": counters(100)},
            STALL_S - CANARY_S)
     wait_until(lambda: http.count("canary") == 1)
@@ -179,7 +179,7 @@ def test_a_heartbeat_read_late_behind_a_busy_log_is_no_stall(
     they were written, with the flood's lines between them, but those lines span one period of
     log time after each beat: the heartbeat did not stop. Late beats are no verdict: the canary
     (answered: the engine works) decides, and no stall is reported."""
-    FakePodHTTP(canary=reader.ANSWERED).install(monkeypatch)
+    FakePodHTTP(canary=canary.ANSWERED).install(monkeypatch)
     p, follower = pod("vl-0"), Follower()
     start, written = clock.now, []
 
