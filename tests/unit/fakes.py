@@ -270,7 +270,7 @@ class RecordingRemediator:
     def reconcile(self, namespace: str, name: str) -> None:
         self.calls.append(("reconcile", namespace, name))
 
-    def _post(self, namespace: str, name: str, pod: dict | None, event, body=None) -> None:
+    def post_event(self, namespace: str, name: str, pod: dict | None, event, body=None) -> None:
         self.calls.append(("event", namespace, name, event.reason))
 
     def round(self, body: dict, pods: list[dict]) -> None:

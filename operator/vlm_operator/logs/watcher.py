@@ -206,7 +206,7 @@ class LogWatch:
         if due is not None and due > now:  # no pod event comes when the grace runs out
             follower.recheck_at(due + 1, self._recheck)
         for finding in new:
-            self.remediator._post(follower.namespace, follower.owner, pod,
+            self.remediator.post_event(follower.namespace, follower.owner, pod,
                                   Event("Warning", finding.kind, finding.message))
         return changed
 
@@ -260,7 +260,7 @@ class LogWatch:
         VLMDeployment (what it logged before it ended is not known)."""
         if not follower.owner:
             return
-        self.remediator._post(follower.namespace, follower.owner, follower.pod, Event(
+        self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
             "Warning", "PreviousLogUnavailable",
             f"{follower.name}: the log of the vllm container before its restart cannot be read "
             f"({reason}); what it logged before it ended is not known (a failure it showed "

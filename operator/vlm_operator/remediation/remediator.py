@@ -392,6 +392,8 @@ class Remediator:
         budget = guards.budget_report(owner.history, time.time(), owner.policy)
         return [*out, budget] if budget else out
 
-    def _post(self, namespace: str, name: str, pod: dict | None, event: Event,
-              body: dict | None = None) -> None:  # log watching and stall detection post here
+    def post_event(self, namespace: str, name: str, pod: dict | None, event: Event,
+                   body: dict | None = None) -> None:
+        """An Event on the pod and its VLMDeployment (log watching and stall detection tell
+        what they find through here)."""
         events.post(self.kube, namespace, name, pod, event, body)

@@ -257,7 +257,7 @@ class StallWatch:
             self._detectors[(vlmd.namespace, vlmd.name)] = {**detectors, name: (how, why)}
         log.warning("%s/%s: hung-engine detection off for %s: %s", vlmd.namespace, vlmd.name,
                     name, why)
-        self.remediator._post(vlmd.namespace, vlmd.name, pod, Event(
+        self.remediator.post_event(vlmd.namespace, vlmd.name, pod, Event(
             "Warning", "StallDetectionOff", f"{name}: hung engines cannot be detected: {why}; "
             "the vlm-operator plugin's engine heartbeat needs no API key"))
         self.remediator.reconcile(vlmd.namespace, vlmd.name)
