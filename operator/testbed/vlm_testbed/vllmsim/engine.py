@@ -137,9 +137,10 @@ class Simulator(SimulatorFaults):
         if line:
             self.emit(line)
 
-    def startup_logs_after_load(self, load_s: float) -> None:
+    def startup_logs_after_load(self, load_s: float, weights_line: bool = True) -> None:
         eng = engine_proc_name(self.version)
-        self.log("INFO", "default_loader.py:501", "Loading weights took 0.01 seconds", eng)
+        if weights_line:  # the start model (startup.boot) logs its own
+            self.log("INFO", "default_loader.py:501", "Loading weights took 0.01 seconds", eng)
         self.log("INFO", "core.py:402",
                  f"init engine (profile, create kv cache, warmup model) took {load_s:.2f} s", eng)
         self.log("INFO", "entry.py:136", "Supported tasks: ['generate']")
