@@ -49,7 +49,9 @@ class Simulator(SimulatorFaults):
         self.env = env
         self.version = env.get("VLM_SIM_VLLM_VERSION", "0.32.0")
         self.pid = os.getpid()
-        self.out_lock = threading.Lock()
+        # reentrant: the SIGTERM handler writes its shutdown lines from the main thread, which
+        # may be inside a write when the signal comes
+        self.out_lock = threading.RLock()
         self.cond = threading.Condition()
         self.running = 0
         self.waiting = 0
