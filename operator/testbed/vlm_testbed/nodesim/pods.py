@@ -101,6 +101,7 @@ class PodRunner:
             timer.start()
 
     def start(self) -> None:
+        self.changed()  # Pending, containers ContainerCreating, at once as the kubelet writes it
         self.writer.start()
         threading.Thread(target=self._run, daemon=True, name=f"pod {self.key}").start()
 
