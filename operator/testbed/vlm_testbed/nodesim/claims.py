@@ -197,10 +197,10 @@ class Claims:
             return None, [], ""
         pv = core.read_persistent_volume(pvc.spec.volume_name)
         source = pv.spec.host_path or pv.spec.local
-        if source is None:
-            raise ValueError(f"PV {pv.metadata.name} has no hostPath or local path")
+        # a PV of another kind (NFS, CSI, ...): a directory of its own stands in for it
+        path = source.path if source is not None else str(self.root / pv.metadata.name)
         if set(pv.spec.access_modes or []) & set(MULTI_ATTACH):
-            return source.path, [], pv.metadata.name
+            return path, [], pv.metadata.name
         holder = (pv.metadata.annotations or {}).get(ATTACHED)
         if holder and holder != node:
             users = self._users(ns, claim, holder)
@@ -215,7 +215,7 @@ class Claims:
                 if exc.status == 409:  # another node attached it first: look again
                     return None, [], pv.metadata.name
                 raise
-        return source.path, [], pv.metadata.name
+        return path, [], pv.metadata.name
 
     def _users(self, ns: str, claim: str, node: str) -> list[str]:
         """Pods bound to `node` that use the claim and have not finished."""
