@@ -4,8 +4,9 @@ mapping a container's process uses in place of its mount namespace.
 Where each volume lives (the kubelet's own layout under the pod's directory):
 - emptyDir: <pod dir>/volumes/kubernetes.io~empty-dir/<name>; survives container restarts, goes
   with the pod's directory when the pod is deleted.
-- persistentVolumeClaim: the bound PersistentVolume's hostPath (or local) path; the test bed's
-  provisioner (claims.py) puts it under the simulator's work dir, one per PV, outliving pods.
+- persistentVolumeClaim: the bound PersistentVolume's hostPath (or local) path, else
+  <work dir>/volumes/<pv name>; the test bed's provisioner (claims.py) puts its PVs' paths
+  there, one per PV, outliving pods.
 - downwardAPI: <pod dir>/volumes/kubernetes.io~downward-api/<name>, files written from the pod
   object and rewritten DOWNWARD_API_LAG_S after a change the pod watch shows.
 - configMap / secret: files written once from the object (kubernetes.io~configmap, ~secret).
