@@ -115,6 +115,12 @@ class FakeKube:
         for pod in self.pods.get(namespace, []):
             if pod["metadata"]["name"] == name:
                 pod["metadata"]["labels"].update(labels or {})
+                kept = pod["metadata"].setdefault("annotations", {})
+                for key, value in (annotations or {}).items():  # merge patch: None removes
+                    if value is None:
+                        kept.pop(key, None)
+                    else:
+                        kept[key] = value
 
     def scale_vlmd(self, namespace: str, name: str, replicas: int) -> None:
         self.calls.append(("scale_vlmd", namespace, name, replicas))

@@ -21,6 +21,7 @@ reasoning parsers), N + 1; from 0.29 also the one-thread multimodal executor, N 
 
 The engine heartbeat (heartbeat.py) is installed from here too, on the same versions: a line
 every few seconds from the engine core's step loop, for the operator's hung-engine detection.
+So is the watch for the operator's in-place restart request (restart.py), on every version.
 
 Startup lines through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md): `active` once per
 process, when a tokenizer in that process was actually pooled, with the size it got; `inactive`
@@ -259,6 +260,19 @@ def register() -> None:
     except Exception as exc:  # a plugin must never take vLLM down
         _state.log_inactive(f"{type(exc).__name__}: {exc}")
     _start_heartbeat(_state.version)
+    _start_restart_watch()
+
+
+def _start_restart_watch() -> None:
+    """The operator's in-place restart request (restart.py), on every vLLM version: it touches
+    nothing of vLLM's."""
+    try:
+        from vllm_tokenizer_pool import restart
+
+        restart.start()
+    except Exception as exc:
+        emit(logging.WARNING, "vlm-restart-request off: reason=" + " ".join(
+            f"{type(exc).__name__}: {exc}".split()))
 
 
 def _start_heartbeat(version: str) -> None:

@@ -19,6 +19,7 @@ A request still in flight when the load stops is waited for, so nothing goes unc
 
 from __future__ import annotations
 
+import collections
 import http.client
 import itertools
 import json
@@ -31,6 +32,7 @@ from vlm_operator.k8s.caches import Informer, Stale
 from vlm_operator.k8s.kube import Kube
 
 SYNC_S = 1.0
+MAX_RECORDS = 200_000  # per-request records kept (about an hour at 50 requests a second)
 SLICE_GROUP = "discovery.k8s.io"
 SERVICE_LABEL = "kubernetes.io/service-name"
 
@@ -77,6 +79,8 @@ class LoadClient:
         self.counts: Counter = Counter()  # answered, and each reason a request failed
         self.by_endpoint: Counter = Counter()
         self.started = 0
+        # (wall time sent, endpoint or None, outcome, wall time done) of the last MAX_RECORDS
+        self.records: collections.deque = collections.deque(maxlen=MAX_RECORDS)
 
     @classmethod
     def for_service(cls, api: Any, namespace: str, service: str, **kw) -> LoadClient:
@@ -145,6 +149,7 @@ class LoadClient:
             if self._stop.is_set():
                 return
             endpoint = self._pick()
+            sent = time.time()
             with self._lock:
                 self.started += 1
             outcome = self._send(endpoint) if endpoint else "no_ready_endpoint"
@@ -152,6 +157,25 @@ class LoadClient:
                 self.counts[outcome] += 1
                 if endpoint:
                     self.by_endpoint[endpoint] += 1
+                self.records.append((sent, endpoint, outcome, time.time()))
+
+    def sent_to(self, ip: str, after: float) -> int:
+        """Requests sent to `ip` (any port) at or after wall time `after`."""
+        with self._lock:
+            return sum(1 for sent, endpoint, _, _ in self.records
+                       if sent >= after and endpoint and endpoint.rsplit(":", 1)[0] == ip)
+
+    def first_answer_after(self, after: float) -> float | None:
+        """When the first request sent at or after `after` was answered (wall time)."""
+        with self._lock:
+            done = [end for sent, _, outcome, end in self.records
+                    if sent >= after and outcome == "answered"]
+        return min(done) if done else None
+
+    def failed_after(self, after: float) -> int:
+        with self._lock:
+            return sum(1 for sent, _, outcome, _ in self.records
+                       if sent >= after and outcome != "answered")
 
     def _send(self, endpoint: str) -> str:
         host, port = endpoint.rsplit(":", 1)

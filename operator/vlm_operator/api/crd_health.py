@@ -121,6 +121,17 @@ def health() -> s.Schema:
             "minAvailable": s.integer(
                 "Ready pods that remediation never goes below; also the "
                 "PodDisruptionBudget's minAvailable.", default=1, minimum=0),
+            "recovery": s.string(
+                "How a Restart recovers a pod that serves nothing (engine death, a hung "
+                "engine, an unresponsive API server). NewPod: the pod is deleted and its "
+                "ReplicaSet makes a new one (emptyDir caches lost, maybe another node). "
+                "InPlace: the pod leaves the Service at once (fenced), then the cheapest "
+                "rung that works: the kubelet's in-place container restart when vLLM exits "
+                "by itself, else a restart request the engine plugin acts on (projected "
+                "into the container, within about a minute), and a new pod only when those "
+                "fail or the kubelet's back-off is past a cold start. A pod that still "
+                "serves (tokenizer retries) is restarted as with NewPod.",
+                default="NewPod", enum=["NewPod", "InPlace"]),
         },
         default={},
     )

@@ -40,12 +40,25 @@ def status() -> s.Schema:
                 "signature": s.string("What it detected."),
                 "action": s.string("What it did."),
                 "reason": s.string("Why, or why it held back."),
+                "rung": s.string("For a pod that serves nothing: how it is recovered "
+                                 "(await-exit, restart-request: in place; delete: a new "
+                                 "pod; unfenced: back in the Service)."),
             }),
             "autoscaling": s.obj("The last scaling decision.", {
                 "desiredReplicas": s.integer("Replicas the autoscaler wants."),
                 "currentReplicas": s.integer("Replicas when it decided."),
                 "reason": s.string("Why."),
                 "time": s.string("When."),
+                "pendingReplicas": s.array(
+                    "Replicas not Ready yet: since when each starts and when it is expected "
+                    "to serve (its creation plus the median start of the last 8 seen).",
+                    s.obj("A replica still starting.", {
+                        "pod": s.string("The pod."),
+                        "since": s.string("Its creation."),
+                        "expectedReadyTime": s.string("When it is expected to be Ready."),
+                        "expected": s.string("What the expectation rests on, or why there "
+                                             "is none."),
+                    })),
             }),
             "kopf": s.obj("Operator framework bookkeeping.", preserve_unknown=True),
         },

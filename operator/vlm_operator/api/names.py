@@ -29,6 +29,16 @@ IN_SERVICE_LABEL = f"{GROUP}/in-service"
 SURGE_ANNOTATION = f"{GROUP}/surge"
 DRAIN_SINCE = f"{GROUP}/drain-since"  # pod: when the autoscaler took it out
 LOG_MARK = f"{GROUP}/log-mark"  # pod annotation: where a fresh log follower resumes
+# pod: a pod taken out of the Service because it serves nothing, and the recovery under way
+# (JSON: remediation/ladder.Fence); shared with nothing else, unlike the in-service label
+FENCE = f"{GROUP}/fence"
+# pod: an in-place restart asked of the engine plugin, projected into the container by a
+# downwardAPI volume (RESTART_REQUEST_DIR/RESTART_REQUEST_FILE)
+RESTART_REQUEST = f"{GROUP}/restart-request"
+RESTART_REQUEST_DIR, RESTART_REQUEST_FILE = "/etc/vlm-operator", "restart-request"
+RESTART_REQUEST_ENV = "VLM_RESTART_REQUEST_FILE"
+# pod: detections up to this time were acted on by an in-place recovery that succeeded
+ACTED_UNTIL = f"{GROUP}/acted-until"
 HISTORY = f"{GROUP}/remediations"  # VLMDeployment: JSON list of action times, last hour
 IN_FLIGHT = f"{GROUP}/in-flight"  # VLMDeployment: JSON {pod uid: InFlight} of open actions
 

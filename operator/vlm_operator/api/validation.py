@@ -194,8 +194,10 @@ def _cache_warnings(spec: dict) -> list[str]:
                high if isinstance(high, int) else 1)
     if "size" in cache_spec and most > 1 and \
             cache_spec.get("accessModes", ["ReadWriteOnce"]) == ["ReadWriteOnce"]:
-        warnings.append("spec.modelCache.accessModes: ReadWriteOnce with more than one replica "
-                        "only works when all pods land on one node; use ReadWriteMany")
+        warnings.append("spec.modelCache.accessModes: ReadWriteOnce with more than one replica: "
+                        "every replica is placed on the claim's node (pod affinity), and one "
+                        "that does not fit there stays Pending; use ReadWriteMany to spread "
+                        "them")
     return warnings
 
 

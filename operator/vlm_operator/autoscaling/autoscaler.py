@@ -39,6 +39,7 @@ from vlm_operator.api import crd
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import starts
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache, Stale
@@ -56,7 +57,8 @@ Key = tuple[str, str]
 class _State:
     history: tuple[a.Point, ...] = ()
     counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
-    last: tuple[int, a.ScalingReason] | None = None
+    last: tuple[int, a.ScalingReason, tuple] | None = None  # what status last said
+    starts: tuple[tuple[str, float], ...] = ()  # (pod uid, creation to Ready) seen
     limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
     wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
 
@@ -235,7 +237,9 @@ class Autoscaler:
         self._set_limited(body, state, limited)
         self._act(vlmd, samples, current, desired, pods, now, state,
                   meta.get("resourceVersion"))
-        self._record(vlmd, decision, samples, current, desired, reason, message, state)
+        state.starts = starts.seen_starts(state.starts, pods)
+        pending = starts.pending_replicas(pods, state.starts)
+        self._record(vlmd, decision, samples, current, desired, reason, message, state, pending)
         metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
         return replace(decision, desired=desired, reason=reason, message=message)
 
@@ -290,7 +294,8 @@ class Autoscaler:
 
     def _record(self, vlmd: VLMDeployment, decision: a.ScalingRecommendation,
                 samples: list[a.PodSample], current: int, desired: int,
-                reason: a.ScalingReason, message: str, state: _State) -> None:
+                reason: a.ScalingReason, message: str, state: _State,
+                pending: list[dict]) -> None:
         ns, name = vlmd.namespace, vlmd.name
         if decision.need is not None:
             metrics.AUTOSCALER_NEED.labels(ns, name).set(decision.need)
@@ -304,12 +309,14 @@ class Autoscaler:
             metrics.AUTOSCALER_READY.labels(ns, name, pod_state).set(
                 sum(1 for s in samples if s.state == pod_state))
         metrics.AUTOSCALER_DECISIONS.labels(ns, name, reason).inc()
-        if state.last == (desired, reason):
+        said = (desired, reason, tuple(tuple(sorted(p.items())) for p in pending))
+        if state.last == said:
             return
-        state.last = (desired, reason)
+        state.last = said
         self.kube.patch_vlmd_status(ns, name, {"autoscaling": {
             "desiredReplicas": desired, "currentReplicas": current,
-            "reason": f"{reason}: {message}", "time": now_iso()}})
+            "reason": f"{reason}: {message}", "time": now_iso(),
+            "pendingReplicas": pending}})
 
     # -- for the reconciler and the handlers
     def reports(self, namespace: str, name: str) -> list[Report]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 from vlm_operator.api import names, versions
@@ -17,6 +18,10 @@ from vlm_operator.api.names import (
     INSTANCE_LABEL,
     MANAGER,
     PORT,
+    RESTART_REQUEST,
+    RESTART_REQUEST_DIR,
+    RESTART_REQUEST_ENV,
+    RESTART_REQUEST_FILE,
     SURGE_ANNOTATION,
 )
 from vlm_operator.api.validation import POOL_SIZE_ENV, VLMDeployment
@@ -177,8 +182,11 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
     env: list[dict] = [
         {"name": POOL_SIZE_ENV, "value": str(vlmd.pool_size)},
         {"name": "HF_HOME", "value": _cache_mount_path(vlmd)},
+        {"name": "VLLM_CACHE_ROOT", "value": get_compile_cache_path(vlmd)},
         {"name": "HOME", "value": "/home/vllm"},
         {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": RESTART_REQUEST_ENV,
+         "value": f"{RESTART_REQUEST_DIR}/{RESTART_REQUEST_FILE}"},
     ]
     if get_media_domains(vlmd) is not None:  # a redirect would leave the allowed hosts
         env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
@@ -191,6 +199,34 @@ def get_env(vlmd: VLMDeployment) -> list[dict]:
 
 def _cache_mount_path(vlmd: VLMDeployment) -> str:
     return (vlmd.spec.get("modelCache") or {}).get("mountPath", "/models")
+
+
+def get_compile_cache_path(vlmd: VLMDeployment) -> str:
+    """vLLM's cache root (torch.compile artefacts) on the model cache volume, so it lives as
+    long as the weights do, under a key of vLLM version and model: no two versions or models
+    share one (a cache built by another version is not reused, and never corrupts this one)."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "--", vlmd.spec["model"]).strip("-.")[:100] or "model"
+    return f"{_cache_mount_path(vlmd)}/vllm-cache/{vlmd.version}/{model}"
+
+
+def one_node_cache(vlmd: VLMDeployment) -> bool:
+    """The cache is a ReadWriteOnce claim the operator creates: it attaches to one node only,
+    so every replica (and a replacement surged beside a sick pod) is placed on that node. A
+    pod elsewhere would wait in ContainerCreating on a Multi-Attach error, unseen; placed
+    together, one that does not fit stays Pending with the scheduler's reason."""
+    cache = vlmd.spec.get("modelCache") or {}
+    return "size" in cache and cache.get("accessModes", ["ReadWriteOnce"]) == ["ReadWriteOnce"]
+
+
+def _affinity(vlmd: VLMDeployment, user: dict | None) -> dict | None:
+    if not one_node_cache(vlmd):
+        return copy.deepcopy(user) if user else None
+    affinity = copy.deepcopy(user or {})
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
+        "labelSelector": {"matchLabels": get_selector_labels(vlmd.name)},
+        "topologyKey": "kubernetes.io/hostname"})
+    return affinity
 
 
 def get_pvc_name(vlmd: VLMDeployment) -> str | None:
@@ -211,6 +247,11 @@ def _volumes(vlmd: VLMDeployment) -> list[dict]:
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "model-cache", **cache_volume},
         {"name": "home", "emptyDir": {}},
+        # the operator's in-place restart request (the pod's annotation, refreshed by the
+        # kubelet within about a minute), read by the engine plugin: no exec, no endpoint
+        {"name": "control", "downwardAPI": {"items": [{
+            "path": RESTART_REQUEST_FILE,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_REQUEST}']"}}]}},
     ]
 
 
@@ -243,6 +284,7 @@ def get_container(vlmd: VLMDeployment) -> dict:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": _cache_mount_path(vlmd)},
             {"name": "home", "mountPath": "/home/vllm"},
+            {"name": "control", "mountPath": RESTART_REQUEST_DIR, "readOnly": True},
         ],
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(5, 3),
@@ -277,9 +319,12 @@ def get_pod_template(vlmd: VLMDeployment) -> dict:
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
                         *copy.deepcopy(sched.get("tolerations", []))],
     }
-    for key in ("nodeSelector", "affinity", "runtimeClassName", "priorityClassName"):
+    for key in ("nodeSelector", "runtimeClassName", "priorityClassName"):
         if sched.get(key):
             pod_spec[key] = copy.deepcopy(sched[key])
+    affinity = _affinity(vlmd, sched.get("affinity"))
+    if affinity:
+        pod_spec["affinity"] = affinity
     if vlmd.spec.get("serviceAccountName"):  # e.g. cloud workload identity; still no token
         pod_spec["serviceAccountName"] = vlmd.spec["serviceAccountName"]
     return {

@@ -12,7 +12,6 @@ None, like every other API failure, so callers need one except clause and back o
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import socket
@@ -28,7 +27,7 @@ from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 from vlm_operator.api import names
 from vlm_operator.api.reports import Event
-from vlm_operator.k8s.pods import controller_of
+from vlm_operator.k8s.pods import controller_of, rfc3339
 from vlm_operator.metrics import API_REQUESTS, EVENTS
 
 FIELD_MANAGER = "vlm-operator"
@@ -65,7 +64,7 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 def configure_connections(configuration: client.Configuration) -> client.Configuration:

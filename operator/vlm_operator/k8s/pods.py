@@ -62,6 +62,11 @@ def owner_name(obj: Mapping) -> str | None:
     return (meta.get("labels") or {}).get(INSTANCE_LABEL)
 
 
+def rfc3339(t: float) -> str:
+    """Epoch seconds as the API's RFC3339 time to the second (UTC), as parse_time reads it."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def parse_time(text: str | None) -> float | None:
     """An RFC3339 time (metadata.creationTimestamp, a condition's lastTransitionTime) as epoch
     seconds; None when absent or unreadable."""

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vlm_operator.api.names import LOG_MARK
+from vlm_operator.k8s.pods import rfc3339
 
 MAX_REPLAY_S = 900.0  # the most of a log a fresh follower re-reads to refill incident windows
 MAX_MARK_TEXT = 256  # characters of the plugin state kept in a mark
@@ -41,13 +42,9 @@ def parse_stamp_ns(stamp: str) -> int | None:
     return int(secs) * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
 
 
-def since_time(sec: int) -> str:
-    return dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def stamp_of(ns: int) -> str:
     """Epoch nanoseconds as RFC3339Nano (UTC), the kubelet's line stamp."""
-    return f"{since_time(ns // 1_000_000_000)[:-1]}.{ns % 1_000_000_000:09d}Z"
+    return f"{rfc3339(ns // 1_000_000_000)[:-1]}.{ns % 1_000_000_000:09d}Z"
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,13 @@ from urllib3.exceptions import ReadTimeoutError
 from vlm_operator.api.validation import LOGGING_PREFIX_ENV
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube, object_path
-from vlm_operator.k8s.pods import container_status, is_running, owner_name, restart_count
+from vlm_operator.k8s.pods import (
+    container_status,
+    is_running,
+    owner_name,
+    restart_count,
+    rfc3339,
+)
 from vlm_operator.logs import marks, signatures
 from vlm_operator.logs.lines import Dedupe, LineSplitter
 from vlm_operator.logs.throttle import Throttled
@@ -318,7 +324,7 @@ class Follower(threading.Thread):
         query = [("container", children.CONTAINER), ("timestamps", "true")]
         query.append(("previous", "true") if previous else ("follow", "true"))
         if self.dedupe.sec:
-            query.append(("sinceTime", marks.since_time(self.dedupe.sec)))
+            query.append(("sinceTime", rfc3339(self.dedupe.sec)))
         api = self.sink.kube.api
         params = api.param_serialize(
             "GET", object_path("v1", "Pod", self.namespace, self.name) + "/log",

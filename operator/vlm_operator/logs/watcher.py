@@ -83,7 +83,9 @@ class LogWatch:
         self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark")}
         self.windows = incidents.Windows()
         self.remediator = Remediator(kube, reconcile, may_act=may_act, replica_fits=replica_fits,
-                                     engine_dead=self._engine_dead, leaving_nodes=leaving_nodes,
+                                     engine_dead=self._engine_dead,
+                                     plugin_loaded=self._plugin_loaded,
+                                     leaving_nodes=leaving_nodes,
                                      drain_timeout_s=drain_timeout_s,
                                      node_drain_wait_s=node_drain_wait_s).start()
         self._lock = threading.Lock()
@@ -178,6 +180,13 @@ class LogWatch:
         with self._lock:
             follower = self._followers.get(uid)
         return follower is not None and follower.engine_dead_at is not None
+
+    def _plugin_loaded(self, uid: str) -> bool:
+        """The engine plugin's startup line (active or inactive) is in the pod's current
+        container's log: it runs there, and acts on an in-place restart request."""
+        with self._lock:
+            follower = self._followers.get(uid)
+        return follower is not None and follower.plugin is not None
 
     def _pod_findings(self, follower: Follower, pod: dict) -> bool:
         now = time.time()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api.names import ACTED_UNTIL, FENCE, RESTART_REQUEST
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import (
     HISTORY,
     IN_FLIGHT,
@@ -48,6 +50,24 @@ def take_out_of_service(kube: Kube, namespace: str, pod: dict | None) -> None:
             children.IN_SERVICE_LABEL) != "false":
         kube.patch_pod(namespace, pod["metadata"]["name"],
                        labels={children.IN_SERVICE_LABEL: "false"})
+
+
+def fence(kube: Kube, namespace: str, pod: str, fence: ladder.Fence, *,
+          request: bool = False) -> None:
+    """Out of the Service with the fence recorded, in one patch; with `request`, the in-place
+    restart request for the engine plugin too."""
+    annotations = {FENCE: ladder.fence_value(fence)}
+    if request:
+        annotations[RESTART_REQUEST] = f"{fence.signature}@{fence.incident:.3f}"
+    kube.patch_pod(namespace, pod, labels={children.IN_SERVICE_LABEL: "false"},
+                   annotations=annotations)
+
+
+def unfence(kube: Kube, namespace: str, pod: str, *, now: float) -> None:
+    """Back into the Service after an in-place recovery; what was detected until now was
+    acted on (the restart request stays: the plugin acts only on a new one)."""
+    kube.patch_pod(namespace, pod, labels={children.IN_SERVICE_LABEL: "true"},
+                   annotations={FENCE: None, ACTED_UNTIL: f"{now:.3f}"})
 
 
 def record_remediation(kube: Kube, namespace: str, name: str, history: list[float], *,

@@ -27,11 +27,11 @@ def post(kube: Kube, namespace: str, name: str, pod: dict | None, event: Event,
 
 
 def last_remediation(kube: Kube, namespace: str, name: str, incident: Incident, *,
-                     action: str, reason: str) -> None:
+                     action: str, reason: str, rung: str | None = None) -> None:
     try:
         kube.patch_vlmd_status(namespace, name, {"lastRemediation": {
             "time": now_iso(), "pod": incident.pod, "signature": incident.signature,
-            "action": action, "reason": reason[:1024]}})
+            "action": action, "reason": reason[:1024], "rung": rung}})
     except ApiException as exc:
         log.warning("lastRemediation of %s/%s: %s", namespace, name, exc.reason)
 

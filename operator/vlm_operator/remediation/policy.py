@@ -44,6 +44,7 @@ class HealthPolicy:
     max_restarts_per_hour: int
     min_available: int
     signature_policy: Mapping[str, str] = field(default_factory=lambda: dict(SIGNATURE_POLICY))
+    in_place: bool = False  # spec.health.recovery InPlace: remediation/ladder.py's rungs
 
     def rule_for(self, signature: str) -> tuple[str, Rule] | None:
         key = self.signature_policy.get(signature)
@@ -68,7 +69,7 @@ def health_policy_from_spec(spec: Mapping) -> HealthPolicy:
         rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]), extra["action"])
         mapping[extra["name"]] = key
     return HealthPolicy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
-                        mapping)
+                        mapping, in_place=health["recovery"] == "InPlace")
 
 
 def backoff_s(attempts: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:

@@ -1,6 +1,6 @@
 """Acting on incidents: gather, decide, execute. For each open incident the inputs are read once
 into a decide.PlanRequest, decide.decide() returns a RemediationPlan, and the plan is carried
-out: a Restart through remediation/actions.py, a Replace or ScaleDown recorded on the
+out: a Restart by remediation/recovery.py, a Replace or ScaleDown recorded on the
 VLMDeployment and driven by remediation/in_flight.py, a held plan told once (events.py).
 Decisions and actions on one VLMDeployment's pods are serialised by its lock (intake.Owner).
 Held incidents stay open and are decided again on pod events, spec changes and every
@@ -24,7 +24,7 @@ from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.metrics import REMEDIATIONS
-from vlm_operator.remediation import actions, drains, events, guards, steps
+from vlm_operator.remediation import actions, drains, events, guards, ladder, steps
 from vlm_operator.remediation.decide import (
     GUARDS,
     PlanRequest,
@@ -51,13 +51,14 @@ from vlm_operator.remediation.incidents import (
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
 from vlm_operator.remediation.policy import (
-    NOT_SERVING,
     RESTART,
     backoff_s,
     health_policy_from_spec,
 )
+from vlm_operator.remediation.recovery import Recovery
 
 log = logging.getLogger(__name__)
+
 
 
 class Remediator:
@@ -65,6 +66,7 @@ class Remediator:
                  may_act: Callable[[str], bool] | None = None,
                  replica_fits: Callable[[VLMDeployment, int], bool] | None = None,
                  engine_dead: Callable[[str], bool] = lambda uid: False,
+                 plugin_loaded: Callable[[str], bool] = lambda uid: False,
                  leaving_nodes: Callable[[], Mapping[str, str]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
@@ -74,6 +76,8 @@ class Remediator:
         `replica_fits(vlmd, pending)`: one more replica fits the free GPUs after `pending`
         replicas of it not yet on a node took theirs (raises when unknown; None: never surge);
         `engine_dead(uid)`: the pod's log showed engine death in its current container;
+        `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
+        (it can act on an in-place restart request);
         `leaving_nodes()`: node name -> why it is leaving (raises Stale when unknown; None:
         node drains are not looked for)."""
         self.kube = kube
@@ -91,6 +95,7 @@ class Remediator:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="reconsider")
         self.in_flight = InFlightDriver(self)
+        self.recovery = Recovery(kube, reconcile, plugin_loaded)
 
     def start(self) -> Remediator:
         self._thread.start()
@@ -266,8 +271,10 @@ class Remediator:
                 parse_in_flight(body["metadata"].get("annotations")), pods))
         return PlanRequest(
             incident=incident, rule=rule, now=now, pods=views, history=tuple(owner.history),
-            policy=policy, acted_until=acted_until(incident.uid, body["metadata"].get(
-                "annotations")), backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
+            policy=policy, acted_until=max(
+                (t for t in (acted_until(incident.uid, body["metadata"].get("annotations")),
+                             ladder.recovered_until(pod)) if t is not None), default=None),
+            backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
             health=health, spare_gpus=spare)
 
     def _hold(self, case: Case, plan: RemediationPlan) -> None:
@@ -328,29 +335,21 @@ class Remediator:
         # leave the budget short (one extra count is the safe side)
         log.info("%s/%s: %s", namespace, name, plan.message)
         if plan.action == RESTART:
-            view = guards.pod_view(pod, self.engine_dead(incident.uid))
-            serves = view.serves and incident.signature not in NOT_SERVING
-            if not actions.restart(self.kube, namespace, pod=incident.pod, uid=incident.uid,
-                                   serves=serves):
-                return  # gone already: nothing was done
-            REMEDIATIONS.labels(namespace, name, RESTART).inc()
-            events.post(self.kube, namespace, name, pod,
-                        Event("Warning", "PodRestarted", plan.message), body)
-        else:
-            record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
-                              incident.last, stamp(time.time()),
-                              int(body["spec"].get("replicas", 1)),
-                              before=actions.pod_uids(case.pods) if plan.action == REPLACE else ())
-            self.write_in_flight(namespace, name, owner, add=record)
-            if plan.action == SCALE_DOWN:  # out of the Service now; the steps drain it
-                self.kube.patch_pod(namespace, incident.pod,
-                                    labels={children.IN_SERVICE_LABEL: "false"})
-            REMEDIATIONS.labels(namespace, name, plan.action).inc()
-            reason, text = (("PodReplacing", "; bringing up a replacement first")
-                            if plan.action == REPLACE else ("ScaleDownStarted", "; draining"))
-            events.post(self.kube, namespace, name, pod,
-                        Event("Warning", reason, plan.message + text), body)
-            self.in_flight.drive(namespace, name, incident.uid)
+            self.recovery.restart(case, plan, engine_dead=self.engine_dead(incident.uid))
+            return
+        record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
+                          incident.last, stamp(time.time()), int(body["spec"].get("replicas", 1)),
+                          before=actions.pod_uids(case.pods) if plan.action == REPLACE else ())
+        self.write_in_flight(namespace, name, owner, add=record)
+        if plan.action == SCALE_DOWN:  # out of the Service now; the steps drain it
+            self.kube.patch_pod(namespace, incident.pod,
+                                labels={children.IN_SERVICE_LABEL: "false"})
+        REMEDIATIONS.labels(namespace, name, plan.action).inc()
+        reason, text = (("PodReplacing", "; bringing up a replacement first")
+                        if plan.action == REPLACE else ("ScaleDownStarted", "; draining"))
+        events.post(self.kube, namespace, name, pod,
+                    Event("Warning", reason, plan.message + text), body)
+        self.in_flight.drive(namespace, name, incident.uid)
         events.last_remediation(self.kube, namespace, name, incident, action=plan.action,
                                 reason=plan.message)
         self.reconcile(namespace, name)
@@ -376,6 +375,10 @@ class Remediator:
         meta = body["metadata"]
         for uid in parse_in_flight(meta.get("annotations")):
             self.in_flight.drive(meta["namespace"], meta["name"], uid)
+        if any(ladder.parse_fence(p["metadata"].get("annotations")) for p in pods):
+            owner = self.owner(meta["namespace"], meta["name"])
+            with owner.lock:
+                self.recovery.round(meta["namespace"], meta["name"], pods)
         drains.on_round(self, body, pods)
 
     # -- reporting

@@ -17,7 +17,7 @@ from vlm_operator.remediation.incidents import REPLACE
 
 class Kube:
     def __init__(self, body):
-        self.body, self.calls = body, []
+        self.body, self.calls, self.statuses = body, [], []
 
     def get_vlmd(self, namespace, name):
         self.calls.append(("get",))
@@ -33,7 +33,7 @@ class Kube:
         self.calls.append(("mark", name))
 
     def patch_vlmd_status(self, namespace, name, status):
-        pass
+        self.statuses.append(status)
 
     def post_event(self, involved, event):
         pass
@@ -160,3 +160,19 @@ def test_replica_fits_leaves_the_pending_claims_their_gpus():
     assert scaler.replica_fits(vlmd_) and scaler.replica_fits(vlmd_, 0)
     assert not scaler.replica_fits(vlmd_, 1)  # a surge not on a node yet takes the free GPU
     assert Autoscaler(Kube({}), cluster=Budget(free=2)).replica_fits(vlmd_, 1)
+
+
+def test_status_says_when_each_replica_still_starting_should_serve():
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, cluster=Cluster())
+    done = pod("a")
+    done["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:01:50Z"  # 110 s
+    starting = pod("b", ready=False, started=False)
+    starting["metadata"]["creationTimestamp"] = "2026-01-01T00:10:00Z"
+    scaler.tick(kube.body, [done, starting], {"a": IDLE})
+    (status,) = kube.statuses
+    assert status["autoscaling"]["pendingReplicas"] == [{
+        "pod": "b", "since": "2026-01-01T00:10:00Z", "expectedReadyTime": "2026-01-01T00:11:50Z",
+        "expected": "median start 110 s of the last 1 seen"}]
+    scaler.tick(kube.body, [done, starting], {"a": IDLE})  # nothing new: not written again
+    assert len(kube.statuses) == 1

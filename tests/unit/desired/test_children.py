@@ -104,8 +104,20 @@ def test_shm_cache_and_home_volumes():
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models", "home": "/home/vllm"}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models", "home": "/home/vllm",
+                      "control": "/etc/vlm-operator"}
     assert env_of(vlmd())["HF_HOME"]["value"] == "/models"
+
+
+def test_the_restart_request_annotation_is_projected_read_only_for_the_plugin():
+    pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
+    control = {v["name"]: v for v in pod["volumes"]}["control"]
+    assert control["downwardAPI"]["items"] == [{"path": "restart-request", "fieldRef": {
+        "fieldPath": "metadata.annotations['serving.vlm-operator.dev/restart-request']"}}]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "control")
+    assert mount["readOnly"] is True
+    assert env_of(vlmd())["VLM_RESTART_REQUEST_FILE"]["value"] == \
+        "/etc/vlm-operator/restart-request"
 
 
 def test_existing_pvc():
@@ -411,3 +423,35 @@ def test_media_urls_are_fetched_only_from_allowed_hosts():
     assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
     args, env = engine(allowedMediaDomains=["*"])
     assert "--allowed-media-domains" not in args and "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in env
+
+
+def test_the_compile_cache_lives_on_the_cache_volume_per_version_and_model():
+    a = vlmd(image="vllm/vllm-openai:v0.20.2", modelCache={"size": "50Gi",
+                                                         "accessModes": ["ReadWriteMany"]})
+    root = env_of(a)["VLLM_CACHE_ROOT"]["value"]
+    assert root == "/models/vllm-cache/0.20.2/Qwen--Qwen3-VL-4B-Instruct"
+    assert root.startswith(env_of(a)["HF_HOME"]["value"] + "/")  # survives what HF_HOME does
+    b = vlmd(image="vllm/vllm-openai:v0.21.0")
+    assert env_of(b)["VLLM_CACHE_ROOT"]["value"] != root  # another version: its own cache
+    for model, key in (("/weights/../my model", "weights--..--my--model"), ("..", "model")):
+        path = env_of(vlmd(model=model))["VLLM_CACHE_ROOT"]["value"]
+        assert path == f"/models/vllm-cache/0.33.0/{key}"  # one path component, never ".."
+
+
+def test_a_read_write_once_cache_places_every_replica_on_its_node():
+    rwo = children.get_deployment(vlmd(replicas=2, modelCache={"size": "50Gi"}))
+    terms = rwo["spec"]["template"]["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [{"labelSelector": {"matchLabels": children.get_selector_labels("demo")},
+                      "topologyKey": "kubernetes.io/hostname"}]
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}
+    both = children.get_deployment(vlmd(modelCache={"size": "50Gi"}, scheduling={
+        "affinity": user}))["spec"]["template"]["spec"]["affinity"]
+    assert both["nodeAffinity"] == user["nodeAffinity"] and "podAffinity" in both
+    for spread in ({"size": "50Gi", "accessModes": ["ReadWriteMany"]}, {"claimName": "w"},
+                   None):
+        spec = {"modelCache": spread} if spread else {}
+        assert "affinity" not in children.get_deployment(vlmd(**spec))["spec"]["template"][
+            "spec"]

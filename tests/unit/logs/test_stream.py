@@ -40,7 +40,8 @@ import time  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from vlm_operator.api.names import LOG_MARK  # noqa: E402
-from vlm_operator.logs import marks, stream  # noqa: E402
+from vlm_operator.k8s.pods import rfc3339  # noqa: E402
+from vlm_operator.logs import stream  # noqa: E402
 from vlm_operator.logs.marks import Mark  # noqa: E402
 from vlm_operator.logs.stream import Follower  # noqa: E402
 
@@ -226,7 +227,7 @@ def test_a_fresh_follower_resumes_from_the_mark_with_what_it_knew():
         until("the log stream opened", lambda: sink.api.requests)
     finally:
         follower.stop()
-    assert sink.api.requests[0]["sinceTime"] == marks.since_time(mark.ns // 1_000_000_000)
+    assert sink.api.requests[0]["sinceTime"] == rfc3339(mark.ns // 1_000_000_000)
     assert follower.plugin == "active" and follower.readable
     # the lines of that second up to the mark were handled before; the ones after were not
     assert not follower.dedupe.fresh(mark.ns, "handled")

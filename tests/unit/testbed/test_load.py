@@ -75,3 +75,24 @@ def test_every_request_started_is_counted_once_with_why_it_failed():
     assert set(out["why"]) == {"http_500", "refused", "no_ready_endpoint"}, out
     # spread in turn over the ready endpoints
     assert abs(out["answered"] - out["why"]["http_500"]) <= 2
+
+
+def test_requests_are_recorded_with_their_endpoint_and_times():
+    good, good_at = server()
+    bad, bad_at = server(500)
+    slices = Slices(good_at, bad_at)
+    try:
+        with LoadClient(slices, rate=40, concurrency=2, sync_s=0.1) as load:
+            time.sleep(0.6)
+            cut = time.time()
+            slices.endpoints = [(good_at,)]  # the failing one leaves the endpoints
+            time.sleep(0.6)
+    finally:
+        good.shutdown()
+        bad.shutdown()
+    bad_ip = bad_at.rsplit(":", 1)[0]
+    assert load.sent_to(bad_ip, 0) == load.result()["why"]["http_500"] > 0
+    assert load.sent_to(bad_ip, cut + 0.3) == 0  # after one sync, none reach it
+    assert load.failed_after(cut + 0.3) == 0
+    first = load.first_answer_after(cut)
+    assert first is not None and first >= cut

@@ -1,0 +1,123 @@
+"""Carrying out a Restart: a new pod; or, with spec.health.recovery InPlace for a pod that
+serves nothing, the acting side of remediation/ladder.py: the fence and the first rung, then
+every round the next step each fenced pod needs, from its annotation and status alone (so a
+fresh operator process carries on). Each step is one patch or one delete, an Event,
+lastRemediation (with the rung) and a status refresh. The restart budget was counted when the
+Restart was decided: the rungs of one incident never count again."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
+
+from vlm_operator.api.reports import Event
+from vlm_operator.k8s.kube import Kube
+from vlm_operator.k8s.pods import restart_count
+from vlm_operator.metrics import REMEDIATIONS
+from vlm_operator.remediation import actions, events, guards, ladder
+from vlm_operator.remediation.decide import RemediationPlan
+from vlm_operator.remediation.incidents import Incident
+from vlm_operator.remediation.intake import Case
+from vlm_operator.remediation.policy import NOT_SERVING, RESTART
+
+log = logging.getLogger(__name__)
+
+UNFENCED = "unfenced"  # lastRemediation's rung once a pod recovered in place
+RUNG_EVENTS = {ladder.Rung.AWAIT_EXIT: "PodFenced", ladder.Rung.RESTART_REQUEST:
+               "PodRestartRequested", ladder.Rung.DELETE: "PodRestarted",
+               UNFENCED: "PodRecoveredInPlace"}
+
+
+class Recovery:
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None],
+                 plugin_loaded: Callable[[str], bool]) -> None:
+        """`reconcile(ns, name)` publishes status; `plugin_loaded(uid)`: the engine plugin's
+        startup line is in the pod's current container's log (it can act on a request)."""
+        self.kube = kube
+        self.reconcile = reconcile
+        self.plugin_loaded = plugin_loaded
+
+    def restart(self, case: Case, plan: RemediationPlan, *, engine_dead: bool) -> None:
+        """A Restart decided. With spec.health.recovery InPlace, a pod that serves nothing is
+        fenced and recovered by the ladder; otherwise the pod is deleted for its ReplicaSet to
+        make a new one (one that still serves keeps its grace period to drain)."""
+        namespace, name, pod, incident = case.namespace, case.name, case.pod, case.incident
+        if incident.signature in NOT_SERVING and case.owner.policy.in_place:
+            self._fence(case, plan)
+            return
+        serves = guards.pod_view(pod, engine_dead).serves and incident.signature not in NOT_SERVING
+        if not actions.restart(self.kube, namespace, pod=incident.pod, uid=incident.uid,
+                               serves=serves):
+            return  # gone already: nothing was done
+        REMEDIATIONS.labels(namespace, name, RESTART).inc()
+        events.post(self.kube, namespace, name, pod,
+                    Event("Warning", "PodRestarted", plan.message), case.body)
+        events.last_remediation(self.kube, namespace, name, incident, action=RESTART,
+                                reason=plan.message)
+        self.reconcile(namespace, name)
+
+    def _fence(self, case: Case, plan: RemediationPlan) -> None:
+        """Out of the Service first, in the same patch as the fence (and the restart request
+        where that is the rung), then the deletion where a new pod is the cheapest recovery."""
+        namespace, name, pod, incident = case.namespace, case.name, case.pod, case.incident
+        now = time.time()
+        rung, why = ladder.first_rung(incident.signature, pod,
+                                      plugin_loaded=self.plugin_loaded(incident.uid))
+        fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
+                             ladder.deadline_for(rung, now), restart_count(pod), plan.message)
+        actions.fence(self.kube, namespace, incident.pod, fence,
+                      request=rung == ladder.Rung.RESTART_REQUEST)
+        if rung == ladder.Rung.DELETE:
+            actions.delete_quickly(self.kube, namespace, pod=incident.pod, uid=incident.uid)
+        REMEDIATIONS.labels(namespace, name, RESTART).inc()
+        self._tell(namespace, name, pod, incident, rung, f"{plan.message}; fenced: {why}",
+                   case.body)
+
+    def round(self, namespace: str, name: str, pods: list[dict]) -> None:
+        """The next step of every fenced pod among `pods` (the caller holds the
+        VLMDeployment's lock); an API error is retried by the next round."""
+        for pod in pods:
+            fence = ladder.parse_fence(pod["metadata"].get("annotations"))
+            if fence is None:
+                continue
+            try:
+                self._climb(namespace, name, pod, fence)
+            except ApiException as exc:
+                log.warning("%s/%s: recovering %s: %s", namespace, name,
+                            pod["metadata"]["name"], exc.reason)
+
+    def _climb(self, namespace: str, name: str, pod: dict, fence: ladder.Fence) -> None:
+        meta = pod["metadata"]
+        now = time.time()
+        step, rung, why = ladder.next_step(fence, pod, now,
+                                           plugin_loaded=self.plugin_loaded(meta["uid"]))
+        if step in (ladder.Next.WAIT, ladder.Next.FORGET):
+            return
+        incident = Incident(uid=meta["uid"], pod=meta["name"], key="", signature=fence.signature,
+                            first=fence.incident, last=fence.incident, count=1)
+        if step == ladder.Next.UNFENCE:
+            actions.unfence(self.kube, namespace, meta["name"], now=now)
+            self._tell(namespace, name, pod, incident, UNFENCED,
+                       f"{meta['name']} recovered in place ({fence.signature}): {why}; back in "
+                       "the Service", None)
+            return
+        climbed = ladder.climb(fence, rung, now, restart_count(pod))
+        actions.fence(self.kube, namespace, meta["name"], climbed,
+                      request=rung == ladder.Rung.RESTART_REQUEST)
+        if rung == ladder.Rung.DELETE:
+            actions.delete_quickly(self.kube, namespace, pod=meta["name"], uid=meta["uid"])
+        self._tell(namespace, name, pod, incident, rung,
+                   f"{fence.signature} on {meta['name']}: {why}", None)
+
+    def _tell(self, namespace: str, name: str, pod: dict, incident: Incident, rung: str,
+              message: str, body: dict | None) -> None:
+        log.info("%s/%s: %s", namespace, name, message)
+        events.post(self.kube, namespace, name, pod,
+                    Event("Normal" if rung == UNFENCED else "Warning", RUNG_EVENTS[rung],
+                          message), body)
+        events.last_remediation(self.kube, namespace, name, incident, action=RESTART,
+                                reason=message, rung=str(rung))
+        self.reconcile(namespace, name)

@@ -1,0 +1,162 @@
+"""remediation/recovery.py's glue with spec.health.recovery InPlace, over the shared fake Kube: a
+pod that serves nothing is fenced in one patch, recovered in place by the rungs the rounds
+take from its annotation and status, and counted once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vlm_operator.api.names import ACTED_UNTIL, FENCE, IN_SERVICE_LABEL, RESTART_REQUEST
+from vlm_operator.engine import reader
+from vlm_operator.remediation import ladder
+from vlm_operator.remediation.incidents import HISTORY, Incident, parse_history
+from vlm_operator.remediation.remediator import Remediator
+
+from ..fakes import FakeKube
+
+NS = "ml"
+IN_PLACE = {"health": {"recovery": "InPlace"}}
+
+
+@pytest.fixture(autouse=True)
+def no_pod_http(monkeypatch):
+    monkeypatch.setattr(reader, "health", lambda ip, *a, **kw: None)
+
+
+def remediator(kube: FakeKube, *, plugin: bool = True) -> Remediator:
+    rem = Remediator(kube, lambda ns, name: None, plugin_loaded=lambda uid: plugin)
+    rem.stop()
+    return rem
+
+
+def setup(*, replicas=1, keep_alive=False, **spec) -> tuple[FakeKube, dict]:
+    kube = FakeKube()
+    kube.add_vlmd(NS, "vl", replicas=replicas, **{**IN_PLACE, **spec})
+    pod = kube.add_pod(NS, "a", owner="vl")
+    env = [{"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}] if keep_alive else []
+    pod["spec"] = {"containers": [{"name": "vllm", "env": env}],
+                   "volumes": [{"name": "control", "downwardAPI": {"items": []}}]}
+    return kube, pod
+
+
+def death(signature="engine_dead", key="engineDead") -> Incident:
+    now = time.time()
+    return Incident("uid-a", "a", key, signature, now - 1, now, 1)
+
+
+def rung_events(kube: FakeKube) -> list[str]:
+    return [c[3] for c in kube.calls if c[0] == "post_event" and c[1] == "Pod"]
+
+
+def last(kube: FakeKube) -> dict:
+    return [c for c in kube.calls if c[0] == "patch_vlmd_status"][-1][3]["lastRemediation"]
+
+
+def round_(rem: Remediator, kube: FakeKube) -> None:
+    rem.round(kube.vlmds[(NS, "vl")], kube.pods[NS])
+
+
+def restarted(pod: dict, ready: bool) -> None:
+    cs = pod["status"]["containerStatuses"][0]
+    cs["restartCount"] += 1
+    cs["ready"] = ready
+    pod["status"]["conditions"][0]["status"] = "True" if ready else "False"
+
+
+def test_an_engine_death_is_fenced_and_recovered_in_place_counted_once():
+    kube, pod = setup()
+    rem = remediator(kube)
+    rem.incident(NS, "vl", death())
+    # one patch: out of the Service, with the fence; no deletion
+    assert [c for c in kube.calls if c[0] in ("patch_pod", "delete")] == [
+        ("patch_pod", NS, "a", {IN_SERVICE_LABEL: "false"})]
+    fence = ladder.parse_fence(pod["metadata"]["annotations"])
+    assert fence.rung == "await-exit" and fence.restarts == 0
+    assert RESTART_REQUEST not in pod["metadata"]["annotations"]
+    assert last(kube)["rung"] == "await-exit" and last(kube)["action"] == "Restart"
+    assert rung_events(kube) == ["PodFenced"]
+
+    round_(rem, kube)  # nothing changed yet: nothing done
+    assert len([c for c in kube.calls if c[0] == "patch_pod"]) == 1
+    restarted(pod, ready=False)  # vLLM exited, the kubelet restarted it: loading
+    round_(rem, kube)
+    assert pod["metadata"]["labels"][IN_SERVICE_LABEL] == "false"
+    restarted(pod, ready=True)
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+    round_(rem, kube)
+    assert pod["metadata"]["labels"][IN_SERVICE_LABEL] == "true"
+    assert FENCE not in pod["metadata"]["annotations"]
+    assert float(pod["metadata"]["annotations"][ACTED_UNTIL]) >= fence.incident
+    assert rung_events(kube) == ["PodFenced", "PodRecoveredInPlace"]
+    assert last(kube)["rung"] == "unfenced"
+    history = parse_history(kube.vlmds[(NS, "vl")]["metadata"]["annotations"][HISTORY])
+    assert len(history) == 1  # the kubelet's restart and the operator's fence: one incident
+    assert not [c for c in kube.calls if c[0] == "delete"]
+
+
+def test_detections_of_the_recovered_incident_are_not_acted_on_again():
+    kube, pod = setup()
+    rem = remediator(kube)
+    now = time.time()
+    first = Incident("uid-a", "a", "engineDead", "engine_dead", now - 3, now - 2, 1)
+    rem.incident(NS, "vl", first)
+    owner = rem.owner(NS, "vl")
+    later = Incident("uid-a", "a", "engineDead", "engine_dead", now - 3, now - 1, 2)
+    rem.incident(NS, "vl", later)  # the same dying container logs on: the fence covers it
+    rem._decide(NS, "vl", owner, list(owner.open))
+    assert len([c for c in kube.calls if c[0] == "patch_pod"]) == 1
+    restarted(pod, ready=True)
+    round_(rem, kube)
+    rem._decide(NS, "vl", owner, list(owner.open))  # decided again after the unfence
+    assert not owner.open
+    assert len([c for c in kube.calls if c[0] == "patch_pod"]) == 2  # fence, unfence
+    assert not [c for c in kube.calls if c[0] == "delete"]
+
+
+def test_a_hung_engine_gets_a_restart_request_then_a_new_pod_when_it_fails(monkeypatch):
+    kube, pod = setup()
+    rem = remediator(kube)
+    rem.incident(NS, "vl", death("engine_stalled", "engineStalled"))
+    fence = ladder.parse_fence(pod["metadata"]["annotations"])
+    assert fence.rung == "restart-request"
+    request = pod["metadata"]["annotations"][RESTART_REQUEST]
+    assert request == f"engine_stalled@{fence.incident:.3f}"
+    assert rung_events(kube) == ["PodRestartRequested"]
+    clock = fence.deadline + 1
+    monkeypatch.setattr(time, "time", lambda: clock)  # the request's deadline passed
+    round_(rem, kube)
+    assert [c for c in kube.calls if c[0] == "delete"] == [("delete", "Pod", NS, "a", 10)]
+    assert rung_events(kube) == ["PodRestartRequested", "PodRestarted"]
+    assert last(kube)["rung"] == "delete"
+
+
+def test_a_dead_engine_kept_alive_without_the_plugin_is_deleted_at_once():
+    kube, _ = setup(keep_alive=True)
+    rem = remediator(kube, plugin=False)
+    rem.incident(NS, "vl", death())
+    assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["patch_pod",
+                                                                             "delete"]
+    assert last(kube)["rung"] == "delete"
+
+
+def test_a_fresh_operator_climbs_from_the_pods_annotation_alone(monkeypatch):
+    kube, pod = setup()
+    remediator(kube).incident(NS, "vl", death())
+    fence = ladder.parse_fence(pod["metadata"]["annotations"])
+    fresh = remediator(kube)  # nothing in memory
+    monkeypatch.setattr(time, "time", lambda: fence.deadline + 1)
+    round_(fresh, kube)  # it never exited: the next rung
+    assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "restart-request"
+    assert RESTART_REQUEST in pod["metadata"]["annotations"]
+    history = parse_history(kube.vlmds[(NS, "vl")]["metadata"]["annotations"][HISTORY])
+    assert len(history) == 1
+
+
+def test_new_pod_recovery_deletes_as_before():
+    kube = FakeKube()
+    kube.add_vlmd(NS, "vl", replicas=1)  # recovery defaults to NewPod
+    kube.add_pod(NS, "a", owner="vl")
+    remediator(kube).incident(NS, "vl", death())
+    assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["delete"]
