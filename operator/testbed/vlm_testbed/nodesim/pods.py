@@ -95,10 +95,13 @@ class PodRunner:
             if files == self._downward.get(volume["name"]):
                 continue
             self._downward[volume["name"]] = files
-            timer = threading.Timer(self.sim.downward_api_lag, volumes.write_files,
-                                    (directory, files))
+            timer = threading.Timer(self.sim.downward_api_lag, self._rewrite, (directory, files))
             timer.daemon = True
             timer.start()
+
+    def _rewrite(self, directory: Path, files: dict[str, str]) -> None:
+        if not self.stopped.is_set():  # a deleted pod's volumes are gone for good
+            volumes.write_files(directory, files)
 
     def start(self) -> None:
         self.changed()  # Pending, containers ContainerCreating, at once as the kubelet writes it

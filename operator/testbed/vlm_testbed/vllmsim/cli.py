@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sim.shutdown(0))
     faults = load_faults(env.get("VLM_SIM_FAULT"))
     sim.startup_logs_before_load()
-    request = env.get(startup.RESTART_REQUEST_ENV)
+    request = env.get("VLM_RESTART_REQUEST_FILE", "").strip()
     if request and plugin_line("", "", 0, env) is not None:  # the plugin's, where it is there
         startup.watch_restart_request(sim, request)
     fixed = env.get("VLM_SIM_STARTUP_SECONDS")

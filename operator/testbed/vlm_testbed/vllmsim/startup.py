@@ -43,7 +43,6 @@ FETCH_S = 58.0
 LOAD_S = 20.0
 COMPILE_S = 4.0
 INIT_S = 28.0
-RESTART_REQUEST_ENV = "VLM_RESTART_REQUEST_FILE"
 
 
 @dataclass(frozen=True)
@@ -159,28 +158,24 @@ def boot(sim: Simulator, env: dict[str, str]) -> float:
     return plan["init"]
 
 
-def watch_restart_request(sim: Simulator, path: str, every: float = 1.0) -> None:
-    """The plugin's in-place restart: poll `path` (a downwardAPI file with the pod's restart
-    request annotation) from the API server's side, so it works while the engine hangs; when
-    it holds a request other than the one present at this process's start, exit 0 so the
+def watch_restart_request(sim: Simulator, path: str) -> None:
+    """The plugin's in-place restart (vllm_tokenizer_pool.restart, whose Watch this uses): poll
+    `path` (a downwardAPI file with the pod's restart-request annotation) every second from the
+    API server's side, so it works while the engine hangs; when it holds a request other than
+    the one present at this process's start, log the plugin's line and exit 0 at once so the
     kubelet restarts the container in place. The request seen at start is never acted on."""
-    def read() -> str:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read(4096).strip()
-        except OSError:
-            return ""
+    from vllm_tokenizer_pool import restart
 
-    seen = read()
+    watch = restart.Watch(path)
 
     def loop() -> None:
         while True:
-            time.sleep(every)
-            now = read()
-            if now and now != seen:
-                text = " ".join(now.split())[:256]  # the pod's annotation: one bounded line
-                sim.log("WARNING", "plugin.py:90", f"vlm-restart-request {text}: exiting for an "
-                        "in-place container restart")
-                sim.shutdown(0)
+            time.sleep(restart.POLL_S)
+            value = watch.check()
+            if value is not None:
+                sim.log("WARNING", "restart.py:84", f"vlm-restart-request "
+                        f"{value[:restart.REQUEST_MAX_BYTES]}: exiting for an in-place "
+                        "container restart")
+                os._exit(0)
 
-    threading.Thread(target=loop, daemon=True, name="restart-request").start()
+    threading.Thread(target=loop, daemon=True, name="vlm-restart-request").start()
