@@ -99,11 +99,14 @@ class Sim:
 
 
 @pytest.fixture
-def sim_factory():
+def sim_factory(tmp_path):
     made: list[Sim] = []
 
     def make(env=None, args=()):
-        s = Sim(env, args)
+        # a HOME of its own (the start model writes HF_HOME and vLLM's cache under it), every
+        # start phase at no cost unless the test says otherwise
+        s = Sim({"HOME": str(tmp_path / f"home{len(made)}"), "VLM_SIM_TIME_SCALE": "0",
+                 **(env or {})}, args)
         made.append(s)
         return s
 

@@ -7,8 +7,10 @@ import itertools
 import os
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import volumes
 from .processes import Container
 from .state import SMP, log, pod_phase, resolve_env, rfc3339
 
@@ -37,6 +39,9 @@ class PodRunner:
         self.gone = threading.Event()
         self.terminating = False
         self.sent: dict | None = None  # the status last written
+        self.volumes: dict[str, str] = {}  # volume name -> host directory
+        self._downward: dict[str, dict[str, str]] = {}  # downwardAPI files last seen
+        self.stopped = threading.Event()  # stop() was called
         self.writer = threading.Thread(target=self._write_status, daemon=True,
                                        name=f"status {self.key}")
 
@@ -46,18 +51,66 @@ class PodRunner:
     def changed(self) -> None:
         self._changed.set()
 
-    def container_env(self, spec: dict) -> dict[str, str]:
+    def container_env(self, spec: dict, writable: Path) -> dict[str, str]:
+        """The environment of a container's process: the pod's env (with the node's
+        image_env under it), mapped onto the pod's volumes and `writable`, the instance's
+        writable layer (volumes.map_env)."""
         base = {k: v for k, v in os.environ.items()
-                if k in ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR")}
+                if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR")}
         base.update({"HOSTNAME": self.meta["name"], "PYTHONUNBUFFERED": "1"})
-        base.update(resolve_env(self.pod, spec, self.ip, self.sim.lookup(self.meta["namespace"])))
-        return base
+        if "vllm" in spec.get("image", ""):
+            base.update(self.sim.vllm_env)
+        pod_env = resolve_env(self.pod, spec, self.ip, self.sim.lookup(self.meta["namespace"]))
+        mounts = volumes.container_mounts(spec, self.volumes)
+        return {**base, **volumes.map_env(pod_env, mounts, writable)}
+
+    def prepare_volumes(self) -> bool:
+        """Set up every volume of the pod before its containers start, as the kubelet's
+        volume manager does (claims wait to be bound and attachable); False if the pod went
+        away first."""
+        lookup = self.sim.lookup(self.meta["namespace"])
+        for volume in self.spec.get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim:
+                path = self.sim.claims.mount(self, volume["name"], claim, self.stopped)
+                if path is None:
+                    return False
+            else:
+                if "downwardAPI" in volume:
+                    self._downward[volume["name"]] = volumes.downward_files(
+                        self.pod, volume["downwardAPI"], self.ip)
+                path = volumes.local_volume(self.dir, volume, self.pod, self.ip, lookup)
+            self.volumes[volume["name"]] = path
+        return not self.stopped.is_set()
+
+    def update(self, pod: dict) -> None:
+        """A newer pod object from the watch: its downwardAPI files follow it after the
+        simulator's downward_api_lag, as the kubelet's next sync rewrites them."""
+        self.pod = pod
+        for volume in self.spec.get("volumes") or []:
+            if "downwardAPI" not in volume or volume["name"] not in self.volumes:
+                continue
+            files = volumes.downward_files(pod, volume["downwardAPI"], self.ip)
+            directory = Path(self.volumes[volume["name"]])
+            if files == self._downward.get(volume["name"]):
+                continue
+            self._downward[volume["name"]] = files
+            timer = threading.Timer(self.sim.downward_api_lag, self._rewrite, (directory, files))
+            timer.daemon = True
+            timer.start()
+
+    def _rewrite(self, directory: Path, files: dict[str, str]) -> None:
+        if not self.stopped.is_set():  # a deleted pod's volumes are gone for good
+            volumes.write_files(directory, files)
 
     def start(self) -> None:
+        self.changed()  # Pending, containers ContainerCreating, at once as the kubelet writes it
         self.writer.start()
         threading.Thread(target=self._run, daemon=True, name=f"pod {self.key}").start()
 
     def _run(self) -> None:
+        if not self.prepare_volumes():
+            return
         for c in self.init:
             c.run()
             last = c.current_terminated
@@ -72,6 +125,7 @@ class PodRunner:
     def stop(self, grace: float) -> None:
         """Stop every container (SIGTERM, grace, SIGKILL) and wait for them."""
         self.terminating = True
+        self.stopped.set()
         for c in self.init + self.main:
             c.stop.set()
         threads = [threading.Thread(target=c.terminate, args=(grace,))

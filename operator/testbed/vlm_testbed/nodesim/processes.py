@@ -29,6 +29,7 @@ from .state import (
     Instance,
     Terminated,
     backoff_delay,
+    crashes_after_exit,
     exit_code_of,
     log,
     probe_port,
@@ -198,9 +199,8 @@ class Container:
             if lost:  # the restarted node's kubelet starts it again at once
                 self.instances[-1].lost = True
                 term = self.current_terminated = LOST
-            if time.monotonic() - started > 2 * self.pod.sim.backoff_cap:
-                self.crashes = 0
-            self.crashes += 1
+            self.crashes = crashes_after_exit(self.crashes, time.monotonic() - started,
+                                              self.pod.sim.backoff_cap)
             if self.stop.is_set() or not should_restart(policy, term.exit_code, self.init):
                 break
             self.last, self.current_terminated = term, None
@@ -212,9 +212,12 @@ class Container:
     def _run_once(self) -> Terminated | None:
         index = len(self.instances)
         inst = Instance(index, self.dir / f"{index}.log", f"sim://{uuid.uuid4().hex}")
+        if not self.pod.sim.images.ensure(self):
+            return None
         try:
             argv = self.pod.sim.command_for(self.spec, self.pod.ip)
-            env = self.env = self.pod.container_env(self.spec)
+            writable = self.pod.dir / "rootfs" / self.dir.name / str(index)
+            env = self.env = self.pod.container_env(self.spec, writable)
             inst.proc = subprocess.Popen(
                 argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -245,6 +248,10 @@ class Container:
             if not self.init:
                 threading.Thread(target=self._probe_loop, args=(inst,), daemon=True).start()
             returncode = inst.proc.wait()
+            # the container's main process is gone: so is every process it started, as when
+            # PID 1 of a container's PID namespace exits (vLLM's engine processes included)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(inst.proc.pid, signal.SIGKILL)
             for r in readers:
                 r.join(5)
         code = exit_code_of(returncode)

@@ -13,14 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .claims import MOUNT_TIMEOUT_S, Claims
+from .images import NodeImages, pull_seconds
 from .leases import NodeLeases
 from .light import LightEngines, LightPod
 from .logserver import LogServer, self_signed_cert
 from .pods import PodRunner, next_pod_ip
 from .processes import default_command
 from .state import NO_PROCESS, SIM_LABEL, SMP, log, overwritten
+from .volumes import DOWNWARD_API_LAG_S
 
 if TYPE_CHECKING:
+    from .images import PullSeconds
     from .processes import CommandFor
 
 
@@ -35,8 +39,20 @@ class NodeSimulator(NodeLeases):
                  command_for: CommandFor | None = None, backoff_base: float = 10.0,
                  backoff_cap: float = 300.0, heartbeat_s: float = 10.0,
                  work_dir: str | os.PathLike | None = None, labels: dict[str, str] | None = None,
-                 light: Callable[[dict], bool] | None = None) -> None:
-        """`light(pod)`: run this pod as a LightPod (default: its NO_PROCESS annotation)."""
+                 light: Callable[[dict], bool] | None = None,
+                 image_pull_seconds: float | dict[str, float] | PullSeconds = 0.0,
+                 downward_api_lag: float = DOWNWARD_API_LAG_S,
+                 mount_timeout: float = MOUNT_TIMEOUT_S, vllm_time_scale: float = 0.0,
+                 provision: bool = True) -> None:
+        """`light(pod)`: run this pod as a LightPod (default: its NO_PROCESS annotation).
+        `image_pull_seconds`: an image's pull time on a node that lacks it (a number, a dict by
+        image or a function; images.VLLM_IMAGE_PULL_S is the real figure, 0 keeps tests fast).
+        `downward_api_lag`: seconds until a pod's change shows in its downwardAPI files
+        (volumes.DOWNWARD_API_LAG_S, the kubelet's). `mount_timeout`: the kubelet's wait
+        before a FailedMount Event (claims.MOUNT_TIMEOUT_S). `vllm_time_scale`: the vLLM
+        stand-in's VLM_SIM_TIME_SCALE where a pod does not set it, as the image's env would
+        (0: it starts at once, as tests want; 1: the published start-up figures,
+        vllmsim.startup). `provision`: run the claim provisioner (claims.Claims)."""
         from kubernetes import client, config
 
         self.api = api_client or config.new_client_from_config(config_file=str(kubeconfig))
@@ -62,6 +78,11 @@ class NodeSimulator(NodeLeases):
         self.stopping = threading.Event()
         self.log_server: LogServer | None = None
         self.threads: list[threading.Thread] = []
+        self.images = NodeImages(pull_seconds(image_pull_seconds))
+        self.downward_api_lag, self.mount_timeout = downward_api_lag, mount_timeout
+        self.vllm_env = {"VLM_SIM_TIME_SCALE": f"{vllm_time_scale:g}"}
+        self.provision = provision
+        self.claims = Claims(self)
 
     # -- lifecycle
     def __enter__(self) -> NodeSimulator:
@@ -78,6 +99,8 @@ class NodeSimulator(NodeLeases):
         for name in self.node_names:
             self._retry(lambda n=name: self._register(n), f"register {name}")
         self._spawn(self._heartbeat, "heartbeat")
+        if self.provision:
+            self._spawn(self.claims.run, "claims")
         for name in self.node_names:
             self._spawn(lambda n=name: self._watch(n), f"watch {name}")
 
@@ -247,6 +270,8 @@ class NodeSimulator(NodeLeases):
                 runner = self.runners[uid] = PodRunner(self, pod, next_pod_ip())
                 runner.start()
                 return
+        if runner and not deleted:
+            runner.update(pod)
         if runner and not deleted and overwritten(pod, runner.sent):
             runner.sent = None  # as the kubelet's status manager: write ours back
             runner.changed()
@@ -263,9 +288,12 @@ class NodeSimulator(NodeLeases):
                              daemon=True).start()
 
     def _finish(self, runner: PodRunner, grace: float, delete: bool) -> None:
-        """Kill the pod's processes, then remove the pod object (grace 0) as the kubelet does."""
+        """Kill the pod's processes, remove its volumes (emptyDirs) and its containers'
+        writable layers, then remove the pod object (grace 0) as the kubelet does."""
         runner.stop(grace)
         runner.gone.set()
+        for part in ("volumes", "rootfs"):
+            shutil.rmtree(runner.dir / part, ignore_errors=True)
         with self.lock:
             self.runners.pop(runner.uid, None)
         if delete and not self.stopping.is_set():

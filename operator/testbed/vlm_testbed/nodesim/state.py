@@ -4,6 +4,7 @@ simulator's shared constants."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import subprocess
 import threading
@@ -61,6 +62,14 @@ def backoff_delay(crashes: int, base: float, cap: float) -> float:
     return min(cap, base * 2 ** (crashes - 2))
 
 
+def crashes_after_exit(crashes: int, ran_s: float, cap: float) -> int:
+    """The exit count back-off is computed from, after an exit of a container that ran `ran_s`
+    seconds: the kubelet forgets a container's back-off once it ran longer than twice the cap
+    (flowcontrol.Backoff's hasExpired: 10 min at the default 5 min cap), so an exit after a long
+    run restarts at once again."""
+    return 1 if ran_s > 2 * cap else crashes + 1
+
+
 def should_restart(policy: str, exit_code: int, init: bool = False) -> bool:
     if init:
         return exit_code != 0 and policy != "Never"
@@ -83,6 +92,9 @@ def field_value(pod: dict, path: str, pod_ip: str) -> str | None:
     for prefix, key in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
         if path.startswith(prefix + "['") and path.endswith("']"):
             return (meta.get(key) or {}).get(path[len(prefix) + 2:-2])
+        if path == prefix:  # the whole map, as the kubelet writes it to a file: k="v" lines
+            items = sorted((meta.get(key) or {}).items())
+            return "\n".join(f"{k}={json.dumps(v)}" for k, v in items)
     return None
 
 

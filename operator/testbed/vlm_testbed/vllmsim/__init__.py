@@ -11,7 +11,16 @@ there to make moot.
 
 Usage: python -m vlm_testbed.vllmsim <model> [vLLM serve flags...]   (unknown flags ignored)
 
-Env: VLM_SIM_VLLM_VERSION (default 0.32.0), VLM_SIM_STARTUP_SECONDS (0), VLM_SIM_SERVICE_SECONDS
+Start: as vLLM, weights from HF_HOME (fetched from a simulated hub when missing), loaded, compiled
+unless vLLM's compile cache has them, the engine initialised, at the published figures (cold
+110 s, 52 s with the weights cached, 48 s with the compile cache too) scaled by
+VLM_SIM_TIME_SCALE (startup.py says the split and its variables); VLM_SIM_STARTUP_SECONDS, where
+set, is a fixed start instead. Where it simulates the plugin, VLM_RESTART_REQUEST_FILE names a
+file (the pod's restart-request annotation through a downwardAPI volume) polled every second: a
+request other than the one present at start makes it log `vlm-restart-request <request>:
+exiting for an in-place container restart` and exit 0 (startup.watch_restart_request).
+
+Env: VLM_SIM_VLLM_VERSION (default 0.32.0), VLM_SIM_STARTUP_SECONDS (unset), VLM_SIM_SERVICE_SECONDS
 (0.05), VLM_SIM_MM_SECONDS (0.2 per image), VLM_SIM_MAX_RUNNING (4), VLM_SIM_LOG_RATE (ordinary
 INFO lines per second, 0), VLM_SIM_STATS_INTERVAL (seconds between engine stats lines, 10),
 VLM_SIM_FAULT (JSON object or list, same shape as the POST /sim/fault body),
@@ -48,7 +57,7 @@ Paths default to /metrics, /v1/models and /v1/completions (redirect) or /metrics
 
 Modules: args (flags, faults, API key), loglines (vLLM's log lines), metrics (/metrics), engine
 (Simulator), faults (its faults), handler (its HTTP surface), servers (fixed test servers), cli
-(`python -m vlm_testbed.vllmsim`).
+(`python -m vlm_testbed.vllmsim`), startup (the start model, the restart request).
 """
 
 from .args import api_keys, authorized, parse_serve_args

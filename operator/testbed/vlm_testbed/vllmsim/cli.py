@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+from . import startup
 from .args import parse_serve_args
 from .engine import Simulator
 from .handler import Handler
@@ -41,8 +42,15 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sim.shutdown(0))
     faults = load_faults(env.get("VLM_SIM_FAULT"))
     sim.startup_logs_before_load()
-    load_s = float(env.get("VLM_SIM_STARTUP_SECONDS", "0"))
-    time.sleep(load_s)
+    request = env.get("VLM_RESTART_REQUEST_FILE", "").strip()
+    if request and plugin_line("", "", 0, env) is not None:  # the plugin's, where it is there
+        startup.watch_restart_request(sim, request)
+    fixed = env.get("VLM_SIM_STARTUP_SECONDS")
+    if fixed:  # a fixed start, as before the start model
+        load_s = float(fixed)
+        time.sleep(load_s)
+    else:
+        load_s = startup.boot(sim, env)
     Handler.sim = sim
     try:
         server = ThreadingHTTPServer((args.host, args.port), Handler)
@@ -51,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     server.daemon_threads = True
     sim.server = server
-    sim.startup_logs_after_load(load_s)
+    sim.startup_logs_after_load(load_s, weights_line=bool(fixed))
     for spec in faults:
         sim.apply_fault(spec)
     stats = float(env.get("VLM_SIM_STATS_INTERVAL", "10"))

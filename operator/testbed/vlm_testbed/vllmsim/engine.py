@@ -49,7 +49,9 @@ class Simulator(SimulatorFaults):
         self.env = env
         self.version = env.get("VLM_SIM_VLLM_VERSION", "0.32.0")
         self.pid = os.getpid()
-        self.out_lock = threading.Lock()
+        # reentrant: the SIGTERM handler writes its shutdown lines from the main thread, which
+        # may be inside a write when the signal comes
+        self.out_lock = threading.RLock()
         self.cond = threading.Condition()
         self.running = 0
         self.waiting = 0
@@ -137,9 +139,10 @@ class Simulator(SimulatorFaults):
         if line:
             self.emit(line)
 
-    def startup_logs_after_load(self, load_s: float) -> None:
+    def startup_logs_after_load(self, load_s: float, weights_line: bool = True) -> None:
         eng = engine_proc_name(self.version)
-        self.log("INFO", "default_loader.py:501", "Loading weights took 0.01 seconds", eng)
+        if weights_line:  # the start model (startup.boot) logs its own
+            self.log("INFO", "default_loader.py:501", "Loading weights took 0.01 seconds", eng)
         self.log("INFO", "core.py:402",
                  f"init engine (profile, create kv cache, warmup model) took {load_s:.2f} s", eng)
         self.log("INFO", "entry.py:136", "Supported tasks: ['generate']")
