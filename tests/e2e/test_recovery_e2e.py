@@ -1,24 +1,38 @@
 """Recovery in place (spec.health.recovery InPlace) against the real control plane: a pod that
 serves nothing leaves the Service's EndpointSlices at once, is restarted in place by the
-kubelet (the node simulator) and comes back into the Service, never deleted."""
+kubelet (the node simulator) or, where its process stays up, by the engine plugin on the
+operator's restart request (a downwardAPI file, refreshed 1 s after a change here), and comes
+back into the Service, never deleted; an operator killed at any rung is continued by the next."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
-from kube_helpers import cr, create, events, get_cr, sim_post, wait_for, wait_ready_pods
+from kube_helpers import (
+    cr,
+    create,
+    events,
+    get_cr,
+    make_namespace,
+    sim_post,
+    wait_for,
+    wait_ready_pods,
+)
 from kubernetes import client, watch
 
-from vlm_operator.api.names import FENCE, IN_SERVICE_LABEL
+from vlm_operator.api.names import FENCE, IN_SERVICE_LABEL, RESTART_REQUEST
+from vlm_operator.remediation import ladder
 from vlm_testbed.nodesim import NodeSimulator
+from vlm_testbed.operator_process import OperatorProcess
 
 
 @pytest.fixture
 def sim(cluster, ns):
     with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
-                       name_prefix=f"sim-{ns}") as s:
+                       downward_api_lag=1.0, name_prefix=f"sim-{ns}") as s:
         yield s
 
 
@@ -77,3 +91,84 @@ def test_engine_death_is_fenced_then_restarted_in_place(api, ns, sim, cluster):
     assert not events(api, ns, a.metadata.name, "PodRestarted")
     assert len(json.loads(get_cr(api, ns, "inplace")["metadata"]["annotations"][
         "serving.vlm-operator.dev/remediations"])) == 1
+
+
+def fence_of(core, ns, name) -> dict | None:
+    raw = (core.read_namespaced_pod(name, ns).metadata.annotations or {}).get(FENCE)
+    return json.loads(raw) if raw else None
+
+
+def recovered_in_place(core, ns, pod):
+    def back():
+        p = core.read_namespaced_pod(pod.metadata.name, ns)
+        return (p.metadata.uid == pod.metadata.uid and FENCE not in (p.metadata.annotations
+                or {}) and p.metadata.labels[IN_SERVICE_LABEL] == "true" and p)
+    return back
+
+
+def test_a_hung_engine_exits_on_the_restart_request_and_restarts_in_place(api, ns, sim):
+    health = in_place(engineStalled={"stallSeconds": 10, "canaryTimeoutSeconds": 4})
+    create(api, ns, cr("hung", replicas=1, health=health))
+    (pod,) = wait_ready_pods(api, ns, "hung", 1)
+    core = client.CoreV1Api(api)
+    wait_for("the engine heartbeat read", lambda: "vlm-engine-heartbeat" in
+             core.read_namespaced_pod_log(pod.metadata.name, ns, container="vllm"), timeout=30)
+    sim_post(pod.status.pod_ip, "/sim/fault", {"fault": "stall", "heartbeat": "stops"})
+    fence = wait_for("fenced", lambda: fence_of(core, ns, pod.metadata.name), timeout=90)
+    assert (fence["signature"], fence["rung"]) == ("engine_stalled", "restart-request")
+    request = core.read_namespaced_pod(pod.metadata.name, ns).metadata.annotations[
+        RESTART_REQUEST]
+    back = wait_for("restarted in place and unfenced", recovered_in_place(core, ns, pod),
+                    timeout=90)
+    assert back.status.container_statuses[0].restart_count == 1
+    previous = core.read_namespaced_pod_log(pod.metadata.name, ns, container="vllm",
+                                            previous=True)
+    assert f"vlm-restart-request {request}: exiting for an in-place container restart" in \
+        previous
+    assert events(api, ns, pod.metadata.name, "PodRestartRequested")
+    assert not events(api, ns, pod.metadata.name, "PodRestarted")
+    time.sleep(3)  # the restarted container, seeing the same request, does not exit again
+    assert core.read_namespaced_pod(pod.metadata.name, ns).status.container_statuses[
+        0].restart_count == 1
+
+
+def test_an_operator_killed_at_each_rung_is_continued_by_the_next(api, cluster):
+    """The engine dies and vLLM does not exit (its exit is delayed far beyond the await-exit
+    rung): fence and await-exit, the operator killed; a fresh one climbs to the restart request
+    at the deadline (from the pod's annotation) and is killed; a third sees the in-place
+    restart and lifts the fence. One remediation counted in all."""
+    ns = make_namespace(api, "e2e-ladder-")
+    core = client.CoreV1Api(api)
+    try:
+        with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=1, backoff_base=1.0,
+                           downward_api_lag=1.0, name_prefix=f"sim-{ns}"):
+            def operator():
+                return OperatorProcess(cluster.kubeconfig, "--standalone", "-n", ns)
+
+            with operator() as op:
+                create(api, ns, cr("ladder", replicas=1, health=in_place()))
+                (pod,) = wait_ready_pods(api, ns, "ladder", 1)
+                sim_post(pod.status.pod_ip, "/sim/fault", {"fault": "engine_dead",
+                                                           "exit_delay": 3600})
+                fence = wait_for("fenced", lambda: fence_of(core, ns, pod.metadata.name))
+                assert fence["rung"] == "await-exit"
+                op.proc.kill()
+            assert fence["deadline"] - time.time() > 0  # killed before its deadline
+            with operator() as op:
+                climbed = wait_for("the next rung", lambda: (f := fence_of(
+                    core, ns, pod.metadata.name)) and f["rung"] == "restart-request" and f,
+                    timeout=ladder.EXIT_WAIT_S + 30)
+                assert climbed["incident"] == fence["incident"]
+                op.proc.kill()
+            with operator():
+                back = wait_for("restarted in place and unfenced",
+                                recovered_in_place(core, ns, pod), timeout=90)
+                assert back.status.container_statuses[0].restart_count == 1
+                last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "ladder").get(
+                    "status", {}).get("lastRemediation")) and r.get("rung") == "unfenced" and r)
+                assert last["signature"] == "engine_dead"
+            history = json.loads(get_cr(api, ns, "ladder")["metadata"]["annotations"][
+                "serving.vlm-operator.dev/remediations"])
+            assert len(history) == 1
+    finally:
+        core.delete_namespace(ns)
