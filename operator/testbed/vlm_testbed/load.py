@@ -159,11 +159,12 @@ class LoadClient:
                     self.by_endpoint[endpoint] += 1
                 self.records.append((sent, endpoint, outcome, time.time()))
 
-    def sent_to(self, ip: str, after: float) -> int:
-        """Requests sent to `ip` (any port) at or after wall time `after`."""
+    def sent_to(self, ip: str, after: float, before: float = float("inf")) -> int:
+        """Requests sent to `ip` (any port) from wall time `after` until `before`."""
         with self._lock:
             return sum(1 for sent, endpoint, _, _ in self.records
-                       if sent >= after and endpoint and endpoint.rsplit(":", 1)[0] == ip)
+                       if after <= sent < before and endpoint
+                       and endpoint.rsplit(":", 1)[0] == ip)
 
     def first_answer_after(self, after: float) -> float | None:
         """When the first request sent at or after `after` was answered (wall time)."""

@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,8 +110,15 @@ class Bed:
     """One namespace, its simulated GPU node(s) and, where a scenario asks, operator
     processes of its own (else the operator watching the namespace is someone else's)."""
 
-    def __init__(self, api: Any, kubeconfig: Any, namespace: str) -> None:
+    def __init__(self, api: Any, kubeconfig: Any, namespace: str, *,
+                 node_options: Mapping[str, Any] | None = None,
+                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        """node_options: more NodeSimulator arguments for the bed's nodes (real-cost starts:
+        vllm_time_scale, image_pull_seconds, downward_api_lag); ready_timeout_s: how long a
+        row waits for pods to be ready before its fault."""
         self.api, self.kubeconfig, self.ns = api, kubeconfig, namespace
+        self.node_options = dict(node_options or {})
+        self.ready_timeout_s = ready_timeout_s
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._stack = contextlib.ExitStack()
@@ -123,10 +130,10 @@ class Bed:
     @classmethod
     @contextlib.contextmanager
     def new(cls, api: Any, kubeconfig: Any, namespace: str, *, create_namespace: bool = True,
-            ) -> Iterator[Bed]:
+            **options: Any) -> Iterator[Bed]:
         if create_namespace:
             ready_namespace(api, namespace)
-        bed = cls(api, kubeconfig, namespace)
+        bed = cls(api, kubeconfig, namespace, **options)
         try:
             with bed._stack:
                 yield bed
@@ -150,7 +157,8 @@ class Bed:
     # -- the node and operator side
     def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n") -> NodeSimulator:
         sim = NodeSimulator(self.kubeconfig, nodes=nodes, gpus_per_node=gpus_per_node,
-                            backoff_base=1.0, name_prefix=f"sim-{self.ns}-{tag}")
+                            **{"backoff_base": 1.0, **self.node_options},
+                            name_prefix=f"sim-{self.ns}-{tag}")
         return self._stack.enter_context(sim)
 
     def operator(self, *args: str) -> OperatorProcess:
@@ -219,7 +227,8 @@ class Bed:
     def wait_ready(self, name: str, n: int) -> list[Any]:
         """n ready pods that answer /health, none of them about to go."""
         return self.wait(f"{n} ready pods of {name}", lambda: len(
-            r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r)
+            r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r,
+            timeout=self.ready_timeout_s)
 
     def events(self, name: str) -> Counter:
         items = self.core.list_namespaced_event(
