@@ -5,10 +5,12 @@ is complete when its constructor returns: nothing is assigned onto an object aft
 order is what makes that possible:
 
 1. what needs nothing of the others: the API wrapper, the watchdog, the watch-fed caches, the
-   peering reader, the heartbeat store, and the GPU budget (autoscaling/budget.py), which both
-   the autoscaler (scale-ups) and remediation (surge replacements) read;
-2. log watching, with its Remediator, given the budget's `replica_fits`; stall detection, given
-   that Remediator; the autoscaler, given the log watcher's `failing_pods`; the pod reads;
+   peering reader, the heartbeat store, the registry of log followers (logs/followers.py), and
+   the GPU budget (autoscaling/budget.py), which both the autoscaler (scale-ups) and
+   remediation (surge replacements) read;
+2. the Remediator, given the budget's `replica_fits` and what the followers know of a pod; log
+   watching, given the Remediator and the registry it fills; stall detection, given the
+   Remediator; the autoscaler, given the log watcher's `failing_pods`; the pod reads;
 3. the rounds over all of these, and last the Reconciler, given every report provider at once.
 
 One cycle is real at run time and cannot be ordered away: log watching, the autoscaler and
@@ -44,8 +46,10 @@ from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
 from vlm_operator.k8s.peering import Peering, get_identity
+from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
 from vlm_operator.reconcile.reconciler import Reconciler
+from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
 from vlm_operator.runtime.sharding import Shard, ordinal
@@ -172,6 +176,7 @@ class Parts:
     cluster: ClusterCache
     budget: GpuBudget
     peering: Peering | None
+    remediator: Remediator
     logwatch: LogWatch
     stall_watch: StallWatch
     autoscaler: Autoscaler
@@ -199,19 +204,22 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
         """Reconciler.refresh, looked up when called: the Reconciler is made last."""
         reconciler.refresh(namespace, name)
 
-    logwatch = LogWatch(  # a remediation reads the peering object afresh
+    followers = Followers()  # the log watcher keeps them, the remediator asks about pods
+    remediator = Remediator(  # a remediation reads the peering object afresh
         kube, refresh,
         may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
-        replica_fits=budget.replica_fits, leaving_nodes=cluster.leaving_nodes,
-        node_drain_wait_s=args.node_drain_wait_seconds,
-        may_mark=peering.may_act if peering else None,
-        mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
-    stall_watch = StallWatch(logwatch.remediator, heartbeats)
+        replica_fits=budget.replica_fits, engine_dead=followers.engine_dead,
+        plugin_loaded=followers.plugin_loaded, leaving_nodes=cluster.leaving_nodes,
+        node_drain_wait_s=args.node_drain_wait_seconds).start()
+    logwatch = LogWatch(kube, refresh, remediator, followers,
+                        may_mark=peering.may_act if peering else None,
+                        mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)
+    stall_watch = StallWatch(remediator, heartbeats)
     autoscaler = Autoscaler(kube, refresh, budget=budget, failing_pods=logwatch.failing_pods)
     reads = PodReads(refresh)  # PodsReachable, PodsReadable
     scraper = Scraper()
     rounds = Rounds(cluster, scraper,  # its pod lists come from the cache
-                    stall_watch, autoscaler, reads, logwatch.remediator)
+                    stall_watch, autoscaler, reads, remediator)
     reconciler = Reconciler(kube, get_policy(args), report_providers=(
         autoscaler.reports, autoscaler.mode_reports, watchdog.reports, logwatch.reports,
         stall_watch.reports, reads.reports))
@@ -225,9 +233,9 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
         tick=rounds.tick, forget=forget, due=rounds.due, sweep=metrics.keep_only,
         resync=resync, may_act=peering.may_act if peering else None, watchdog=watchdog)
     return Parts(reconciler=reconciler, watchdog=watchdog, cluster=cluster, budget=budget,
-                 peering=peering, logwatch=logwatch, stall_watch=stall_watch,
-                 autoscaler=autoscaler, reads=reads, scraper=scraper, rounds=rounds,
-                 periodic=periodic)
+                 peering=peering, remediator=remediator, logwatch=logwatch,
+                 stall_watch=stall_watch, autoscaler=autoscaler, reads=reads, scraper=scraper,
+                 rounds=rounds, periodic=periodic)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from vlm_operator.api.names import DRAIN_SINCE, IN_FLIGHT
 from vlm_operator.autoscaling.autoscaler import put_out_of_service
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
 from vlm_operator.reconcile.reconciler import Reconciler
 from vlm_operator.remediation import incidents
@@ -351,14 +352,16 @@ def test_a_paused_replica_leaves_incidents_and_lets_them_expire(api, kube, names
 
 def test_a_follower_of_a_deleted_pod_removes_itself(api, kube, namespace):
     """A follower that finds its pod gone leaves the watch (it stayed registered)."""
-    watch = LogWatch(kube, lambda ns, name: None)
+    followers = Followers()
+    watch = LogWatch(kube, lambda ns, name: None, Remediator(kube, lambda ns, name: None),
+                     followers)
     try:
         pod(api, namespace, "short")
         body = kube.get("v1", "Pod", namespace, "short")
         watch.observe(body, deleted=False)
-        assert len(watch._followers) == 1
+        assert len(followers.by_uid) == 1
         client.CoreV1Api(api).delete_namespaced_pod("short", namespace)
-        wait_for("follower gone", lambda: not watch._followers, timeout=30)
+        wait_for("follower gone", lambda: not followers.by_uid, timeout=30)
     finally:
         watch.stop()
 

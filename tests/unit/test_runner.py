@@ -69,7 +69,7 @@ def parts(request):
 
 
 def test_every_part_is_wired_to_the_others_when_built(parts):
-    remediator = parts.logwatch.remediator
+    remediator = parts.remediator
     kube = parts.reconciler.kube
     assert parts.cluster.kube is kube and parts.autoscaler.kube is kube
     assert parts.logwatch.kube is kube and remediator.kube is kube
@@ -77,6 +77,10 @@ def test_every_part_is_wired_to_the_others_when_built(parts):
     assert parts.budget.cluster is parts.cluster and parts.autoscaler.budget is parts.budget
     assert remediator.replica_fits == parts.budget.replica_fits
     assert remediator.leaving_nodes == parts.cluster.leaving_nodes
+    # what a pod's current container logged: asked of the registry log watching fills
+    assert parts.logwatch.remediator is remediator
+    assert remediator.engine_dead == parts.logwatch.followers.engine_dead
+    assert remediator.recovery.plugin_loaded == parts.logwatch.followers.plugin_loaded
     # log watching's findings: what the autoscaler removes first; its heartbeats: stall
     # detection's; its Remediator: the one stall detection and the rounds hand incidents to
     assert parts.autoscaler.failing_pods == parts.logwatch.failing_pods
@@ -95,7 +99,7 @@ def test_status_refreshes_reach_the_reconciler_made_last(parts, monkeypatch):
     refreshed = []
     monkeypatch.setattr(parts.reconciler, "refresh", lambda ns, name: refreshed.append(name))
     for i, refresh in enumerate((parts.autoscaler.reconcile, parts.logwatch.reconcile,
-                                 parts.logwatch.remediator.reconcile, parts.reads.refresh)):
+                                 parts.remediator.reconcile, parts.reads.refresh)):
         refresh("ns", f"m{i}")
     assert refreshed == ["m0", "m1", "m2", "m3"]
 
@@ -108,5 +112,5 @@ def test_with_peering_only_the_active_replica_acts_and_marks(parts, monkeypatch)
     asked = []
     monkeypatch.setattr(parts.peering, "may_act",
                         lambda ns, fresh=False: asked.append((ns, fresh)) or False)
-    assert not parts.logwatch.remediator.may_act("ns")
+    assert not parts.remediator.may_act("ns")
     assert asked == [("ns", True)]  # a remediation reads the peering object afresh

@@ -22,6 +22,7 @@ from vlm_operator.api.names import LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.logs import signatures, stream
+from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
 from vlm_operator.logs.stream import Follower
 from vlm_operator.logs.throttle import Throttled
@@ -30,7 +31,6 @@ from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.policy import NOT_FROM_LOG
 from vlm_operator.remediation.remediator import Remediator
-from vlm_operator.remediation.steps import DRAIN_TIMEOUT_S, NODE_DRAIN_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -59,37 +59,27 @@ class _NoHeartbeats:
 class LogWatch:
     """Owns the followers; registered as a report provider on the Reconciler."""
 
-    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
-                 may_act: Callable[[str], bool] | None = None,
-                 replica_fits: Callable | None = None,
-                 leaving_nodes: Callable | None = None,
-                 drain_timeout_s: float = DRAIN_TIMEOUT_S,
-                 node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None],
+                 remediator: Remediator, followers: Followers, *,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
                  heartbeats: Heartbeats | None = None) -> None:
-        """`reconcile(namespace, name)` publishes status after an action and logs its own errors
-        (Reconciler.refresh); `may_act(namespace)`: whether this replica is the one that acts
-        (k8s/peering.py), None when it runs alone; `replica_fits(vlmd, pending)`: for surge
-        replacements; `leaving_nodes()`: for node drains (Remediator); `may_mark(namespace)`:
+        """`reconcile(namespace, name)` publishes status and logs its own errors
+        (Reconciler.refresh); `remediator`: where detections go; `followers`: the registry this
+        watcher keeps the followers in (the remediator asks it about pods); `may_mark(namespace)`:
         whether this replica writes the pods' resume marks (the active one: one writer; None
         when it runs alone); `mark_every_s`: at most one mark per pod this often;
         `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
         self.kube = kube
         self.heartbeats = heartbeats if heartbeats is not None else _NoHeartbeats()
         self.reconcile = reconcile
+        self.remediator = remediator
+        self.followers = followers
         self.may_mark = may_mark or (lambda namespace: True)
         self.mark_every_s = mark_every_s
         self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark")}
         self.windows = incidents.Windows()
-        self.remediator = Remediator(kube, reconcile, may_act=may_act, replica_fits=replica_fits,
-                                     engine_dead=self._engine_dead,
-                                     plugin_loaded=self._plugin_loaded,
-                                     leaving_nodes=leaving_nodes,
-                                     drain_timeout_s=drain_timeout_s,
-                                     node_drain_wait_s=node_drain_wait_s).start()
-        self._lock = threading.Lock()
-        self._followers: dict[str, Follower] = {}
+        self._lock = threading.Lock()  # findings and the Events sent for them
         self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
         self._events_sent: set[str] = set()
 
@@ -97,16 +87,17 @@ class LogWatch:
     def observe(self, pod: dict, deleted: bool) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
-        with self._lock:
-            follower = self._followers.get(uid)
+        followers = self.followers.by_uid
+        with self.followers.lock:
+            follower = followers.get(uid)
             if deleted or meta.get("deletionTimestamp"):
                 if follower is not None and deleted:
-                    self._followers.pop(uid).stop()
+                    followers.pop(uid).stop()
                 elif follower is not None:  # terminating: its log is followed to the end
                     follower.hand(pod)
                 return
             if follower is None:
-                follower = self._followers[uid] = Follower(self, pod, self.mark_every_s)
+                follower = followers[uid] = Follower(self, pod, self.mark_every_s)
                 follower.start()
             else:
                 follower.hand(pod)  # the follower waits on these, it never polls the pod
@@ -115,9 +106,10 @@ class LogWatch:
 
     def follower_ended(self, follower: Follower) -> None:
         """The pod is gone (or stopped being followed): forget what was kept for it."""
+        with self.followers.lock:
+            if self.followers.by_uid.get(follower.uid) is follower:
+                del self.followers.by_uid[follower.uid]
         with self._lock:
-            if self._followers.get(follower.uid) is follower:
-                del self._followers[follower.uid]
             findings = self._findings.get((follower.namespace, follower.owner))
             if findings is not None and follower.name in findings:
                 self._findings[(follower.namespace, follower.owner)] = {
@@ -131,10 +123,10 @@ class LogWatch:
 
     def stop(self) -> None:
         self.remediator.stop()
-        with self._lock:
-            for follower in self._followers.values():
+        with self.followers.lock:
+            for follower in self.followers.by_uid.values():
                 follower.stop()
-            self._followers.clear()
+            self.followers.by_uid.clear()
 
     def extra_signatures(self, namespace: str, name: str) -> tuple[signatures.Signature, ...]:
         owner = self.remediator.known(namespace, name)
@@ -162,9 +154,10 @@ class LogWatch:
         per Builtin VLMDeployment: only pods with incident times are looked at, not every
         followed pod (thousands)."""
         candidates = self.windows.uids()
-        with self._lock:
-            pods = [f for uid in candidates if (f := self._followers.get(uid)) is not None
+        with self.followers.lock:
+            pods = [f for uid in candidates if (f := self.followers.by_uid.get(uid)) is not None
                     and f.namespace == namespace and f.owner == name]
+        with self._lock:
             findings = self._findings.get((namespace, name)) or {}
         out = {pod for pod, found in findings.items()
                if any(f.kind != pod_status.LOG_DETECTION_OFF for f in found)}
@@ -175,18 +168,6 @@ class LogWatch:
             out |= {f.name for f in pods for key, rule in policy.rules.items()
                     if self.windows.count(f.uid, key, now, rule.window_s)}
         return out
-
-    def _engine_dead(self, uid: str) -> bool:
-        with self._lock:
-            follower = self._followers.get(uid)
-        return follower is not None and follower.engine_dead_at is not None
-
-    def _plugin_loaded(self, uid: str) -> bool:
-        """The engine plugin's startup line (active or inactive) is in the pod's current
-        container's log: it runs there, and acts on an in-place restart request."""
-        with self._lock:
-            follower = self._followers.get(uid)
-        return follower is not None and follower.plugin is not None
 
     def _pod_findings(self, follower: Follower, pod: dict) -> bool:
         now = time.time()

@@ -2,10 +2,20 @@
 
 import time
 
+from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import Follower, LogWatch
 from vlm_operator.remediation import findings
 from vlm_operator.remediation.policy import health_policy_from_spec
+from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.stalls.watch import Heartbeats
+
+
+def log_watch(**kw) -> LogWatch:
+    """A LogWatch wired as runner.build wires it, on no cluster."""
+    followers = Followers()
+    remediator = Remediator(None, lambda ns, name: None, engine_dead=followers.engine_dead,
+                            plugin_loaded=followers.plugin_loaded).start()
+    return LogWatch(None, lambda ns, name: None, remediator, followers, **kw)
 
 
 def pod(name, owner="demo", ns="ml"):
@@ -14,11 +24,11 @@ def pod(name, owner="demo", ns="ml"):
 
 
 def test_failing_pods_from_windows_and_findings():
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = log_watch()
     try:
         for name in ("a", "b", "c"):
-            watch._followers[f"uid-{name}"] = Follower(watch, pod(name))  # not started
-        watch._followers["uid-x"] = Follower(watch, pod("x", owner="other"))
+            watch.followers.by_uid[f"uid-{name}"] = Follower(watch, pod(name))  # not started
+        watch.followers.by_uid["uid-x"] = Follower(watch, pod("x", owner="other"))
         assert watch.failing_pods("ml", "demo") == set()  # no policy read yet: nothing known
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({})
         assert watch.failing_pods("ml", "demo") == set()
@@ -39,7 +49,7 @@ def test_any_inactive_plugin_line_makes_the_pod_unpatched():
     API server pooled its tokenizer, the engine core could not."""
     from vlm_testbed import vllmsim
 
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = log_watch()
     try:
         follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
         env = {"VLM_TOKENIZER_POOL_SIZE": "5"}
@@ -71,11 +81,11 @@ def test_failing_pods_look_only_at_pods_with_incidents():
         def owner(self, value):
             pass
 
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = log_watch()
     try:
-        watch._followers["uid-a"] = Follower(watch, pod("a"))
+        watch.followers.by_uid["uid-a"] = Follower(watch, pod("a"))
         for i in range(50):
-            watch._followers[f"uid-q{i}"] = Untouchable(watch, pod(f"q{i}"))
+            watch.followers.by_uid[f"uid-q{i}"] = Untouchable(watch, pod(f"q{i}"))
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({})
         watch.windows.add("uid-a", "tokenizerRetry", time.time() - 1, 60)
         assert watch.windows.uids() == {"uid-a"}
@@ -91,7 +101,7 @@ def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
     keyed by the container instance and the engine process; the pod's log is noted as live."""
     from vlm_testbed import vllmsim
 
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None, heartbeats=Heartbeats())
+    watch = log_watch(heartbeats=Heartbeats())
     try:
         follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
         for pid, steps in ((7, 3), (8, 9)):
@@ -115,7 +125,7 @@ def test_heartbeats_reach_stall_detection_per_container_and_engine_process():
 def test_a_fresh_follower_rereads_the_longest_log_window_only():
     """Counts in an incident window survive an operator restart by re-reading that much log;
     stall detection's window is not the log's, so it does not lengthen the replay."""
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = log_watch()
     try:
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({"health": {
             "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
@@ -150,7 +160,7 @@ def test_a_flood_of_plugin_lines_is_not_a_status_change_per_line(monkeypatch):
     plugin state is looked at again."""
     from vlm_testbed import vllmsim
 
-    watch = LogWatch(kube=None, reconcile=lambda ns, name: None)
+    watch = log_watch()
     rechecks = []
     monkeypatch.setattr(watch, "_recheck", rechecks.append)
     try:
