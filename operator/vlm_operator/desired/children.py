@@ -42,6 +42,7 @@ STARTUP_FAILURE_THRESHOLD = 180
 DRAIN_LIMIT_S = 120
 STOP_S = 30
 QUICK_GRACE_S = 10
+CONTROL_VOLUME = "control"  # the operator's requests to the pod's engine plugin (downwardAPI)
 ENDPOINTS_LAG_S = 2  # for the endpoints and kube-proxy to stop sending a pod new requests
 POD_IP_ENV = "VLM_POD_IP"  # the preStop hook reads the pod's own /metrics there
 # preStop: the pod's requests finish before SIGTERM (vLLM stops at once on it). It returns at
@@ -249,7 +250,7 @@ def _volumes(vlmd: VLMDeployment) -> list[dict]:
         {"name": "home", "emptyDir": {}},
         # the operator's in-place restart request (the pod's annotation, refreshed by the
         # kubelet within about a minute), read by the engine plugin: no exec, no endpoint
-        {"name": "control", "downwardAPI": {"items": [{
+        {"name": CONTROL_VOLUME, "downwardAPI": {"items": [{
             "path": RESTART_REQUEST_FILE,
             "fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_REQUEST}']"}}]}},
     ]
@@ -284,7 +285,7 @@ def get_container(vlmd: VLMDeployment) -> dict:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": _cache_mount_path(vlmd)},
             {"name": "home", "mountPath": "/home/vllm"},
-            {"name": "control", "mountPath": RESTART_REQUEST_DIR, "readOnly": True},
+            {"name": CONTROL_VOLUME, "mountPath": RESTART_REQUEST_DIR, "readOnly": True},
         ],
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(5, 3),

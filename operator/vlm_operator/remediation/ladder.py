@@ -130,7 +130,7 @@ def keeps_alive(pod: Mapping) -> bool:
 def can_request(pod: Mapping, plugin_loaded: bool) -> bool:
     """An in-place restart can be asked: the pod mounts the request and the plugin runs."""
     volumes = (pod.get("spec") or {}).get("volumes") or []
-    return plugin_loaded and any(v.get("name") == "control" and "downwardAPI" in v
+    return plugin_loaded and any(v.get("name") == children.CONTROL_VOLUME and "downwardAPI" in v
                                  for v in volumes)
 
 
