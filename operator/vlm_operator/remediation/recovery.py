@@ -32,15 +32,18 @@ RUNG_EVENTS = {ladder.Rung.AWAIT_EXIT: "PodFenced", ladder.Rung.RESTART_REQUEST:
 
 
 class Recovery:
-    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None],
-                 plugin_loaded: Callable[[str], bool]) -> None:
-        """`reconcile(ns, name)` publishes status; `plugin_loaded(uid)`: the engine plugin's
-        startup line is in the pod's current container's log (it can act on a request)."""
+    def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
+                 engine_dead: Callable[[str], bool], plugin_loaded: Callable[[str], bool]
+                 ) -> None:
+        """`reconcile(ns, name)` publishes status; `engine_dead(uid)`: the pod's current
+        container logged engine death; `plugin_loaded(uid)`: the engine plugin's startup line is
+        in that container's log (it can act on a restart request)."""
         self.kube = kube
         self.reconcile = reconcile
+        self.engine_dead = engine_dead
         self.plugin_loaded = plugin_loaded
 
-    def restart(self, case: Case, plan: RemediationPlan, *, engine_dead: bool) -> None:
+    def restart(self, case: Case, plan: RemediationPlan) -> None:
         """A Restart decided. With spec.health.recovery InPlace, a pod that serves nothing is
         fenced and recovered by the ladder; otherwise the pod is deleted for its ReplicaSet to
         make a new one (one that still serves keeps its grace period to drain)."""
@@ -48,7 +51,8 @@ class Recovery:
         if incident.signature in NOT_SERVING and case.owner.policy.in_place:
             self._fence(case, plan)
             return
-        serves = guards.pod_view(pod, engine_dead).serves and incident.signature not in NOT_SERVING
+        serves = guards.pod_view(pod, self.engine_dead(incident.uid)).serves and \
+            incident.signature not in NOT_SERVING
         if not actions.restart(self.kube, namespace, pod=incident.pod, uid=incident.uid,
                                serves=serves):
             return  # gone already: nothing was done

@@ -60,7 +60,6 @@ from vlm_operator.remediation.recovery import Recovery
 log = logging.getLogger(__name__)
 
 
-
 class Remediator:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  may_act: Callable[[str], bool] | None = None,
@@ -95,7 +94,8 @@ class Remediator:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="reconsider")
         self.in_flight = InFlightDriver(self)
-        self.recovery = Recovery(kube, reconcile, plugin_loaded)
+        self.recovery = Recovery(kube, reconcile, engine_dead=engine_dead,
+                                 plugin_loaded=plugin_loaded)
 
     def start(self) -> Remediator:
         self._thread.start()
@@ -335,7 +335,7 @@ class Remediator:
         # leave the budget short (one extra count is the safe side)
         log.info("%s/%s: %s", namespace, name, plan.message)
         if plan.action == RESTART:
-            self.recovery.restart(case, plan, engine_dead=self.engine_dead(incident.uid))
+            self.recovery.restart(case, plan)
             return
         record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
                           incident.last, stamp(time.time()), int(body["spec"].get("replicas", 1)),
