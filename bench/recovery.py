@@ -87,7 +87,8 @@ class Watch:
                 self.load = LoadClient.for_service(bed.api, bed.ns, "row", rate=RATE).start()
                 self._thread.start()
             self.pods[pod.metadata.name] = {"ip": pod.status.pod_ip, "uid": pod.metadata.uid,
-                                            "node": pod.spec.node_name, "acted_at": None}
+                                            "node": pod.spec.node_name, "acted_at": None,
+                                            "instance": instance(pod)}
             inject(pod, spec)
 
         bed.fault = fault
@@ -136,10 +137,11 @@ class Watch:
         if not self.pods:  # no fault was injected: nothing to compare
             return {}
         faulted = {s["uid"] for s in self.pods.values()}
+        hit = {s["instance"] for s in self.pods.values()}
         nodes = {s["node"] for s in self.pods.values()}
         for pod in self.bed.pods("row"):
-            if pod.metadata.deletion_timestamp:
-                continue
+            if pod.metadata.deletion_timestamp or instance(pod) in hit:
+                continue  # going, or the faulted container itself (it never restarted)
             if pod.metadata.uid not in faulted:
                 out["new_pod"] = True
                 out["node_changed"] |= pod.spec.node_name not in nodes
@@ -180,6 +182,8 @@ def median(runs: list[dict], key: str) -> str:
 
 
 def thrown(runs: list[dict]) -> str:
+    if not any(r.get("serving_again_s") is not None for r in runs):
+        return "n/a (not serving again)"
     parts = []
     for key, text in (("new_pod", "new pod"), ("weights_fetched", "weights fetched"),
                       ("compiled", "compiled again"), ("node_changed", "node changed")):
