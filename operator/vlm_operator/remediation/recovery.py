@@ -64,29 +64,22 @@ class Recovery:
         self.reconcile(namespace, name)
 
     def _fence(self, case: Case, plan: RemediationPlan) -> None:
-        """Out of the Service first, in the same patch as the fence (and the restart request
-        where that is the rung), then the deletion where a new pod is the cheapest recovery."""
+        """The fence and the cheapest rung that can work (remediation/ladder.py)."""
         namespace, name, pod, incident = case.namespace, case.name, case.pod, case.incident
         now = time.time()
         rung, why = ladder.first_rung(incident.signature, pod,
                                       plugin_loaded=self.plugin_loaded(incident.uid))
         fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
                              ladder.deadline_for(rung, now), restart_count(pod), plan.message)
-        actions.fence(self.kube, namespace, incident.pod, fence,
-                      request=rung == ladder.Rung.RESTART_REQUEST)
-        if rung == ladder.Rung.DELETE:
-            actions.delete_quickly(self.kube, namespace, pod=incident.pod, uid=incident.uid)
         REMEDIATIONS.labels(namespace, name, RESTART).inc()
-        self._tell(namespace, name, pod, incident, rung, f"{plan.message}; fenced: {why}",
+        self._take(namespace, name, pod, incident, fence, f"{plan.message}; fenced: {why}",
                    case.body)
 
-    def round(self, namespace: str, name: str, pods: list[dict]) -> None:
-        """The next step of every fenced pod among `pods` (the caller holds the
+    def round(self, namespace: str, name: str,
+              fenced: list[tuple[dict, ladder.Fence]]) -> None:
+        """The next step of every fenced pod, with its fence (the caller holds the
         VLMDeployment's lock); an API error is retried by the next round."""
-        for pod in pods:
-            fence = ladder.parse_fence(pod["metadata"].get("annotations"))
-            if fence is None:
-                continue
+        for pod, fence in fenced:
             try:
                 self._climb(namespace, name, pod, fence)
             except ApiException as exc:
@@ -108,13 +101,21 @@ class Recovery:
                        f"{meta['name']} recovered in place ({fence.signature}): {why}; back in "
                        "the Service", None)
             return
-        climbed = ladder.climb(fence, rung, now, restart_count(pod))
-        actions.fence(self.kube, namespace, meta["name"], climbed,
+        self._take(namespace, name, pod, incident,
+                   ladder.climb(fence, rung, now, restart_count(pod)),
+                   f"{fence.signature} on {meta['name']}: {why}", None)
+
+    def _take(self, namespace: str, name: str, pod: dict, incident: Incident,
+              fence: ladder.Fence, message: str, body: dict | None) -> None:
+        """Take the fence's rung: out of the Service with the fence recorded (and the restart
+        request where that is the rung) in one patch, then the deletion where the rung is a
+        new pod; then say so."""
+        rung = ladder.Rung(fence.rung)
+        actions.fence(self.kube, namespace, incident.pod, fence,
                       request=rung == ladder.Rung.RESTART_REQUEST)
         if rung == ladder.Rung.DELETE:
-            actions.delete_quickly(self.kube, namespace, pod=meta["name"], uid=meta["uid"])
-        self._tell(namespace, name, pod, incident, rung,
-                   f"{fence.signature} on {meta['name']}: {why}", None)
+            actions.delete_quickly(self.kube, namespace, pod=incident.pod, uid=incident.uid)
+        self._tell(namespace, name, pod, incident, rung, message, body)
 
     def _tell(self, namespace: str, name: str, pod: dict, incident: Incident, rung: str,
               message: str, body: dict | None) -> None:

@@ -369,16 +369,17 @@ class Remediator:
     # -- every round (runtime/periodic.py, on the active replica only)
     def round(self, body: dict, pods: list[dict]) -> None:
         """Make sure every action recorded on the VLMDeployment has a thread driving it (a
-        standby that became active, a fresh process: nothing else may wake them), and look
-        for its pods on nodes that are leaving. body: the round's snapshot; pods: its pods
-        (from the watch-fed cache)."""
+        standby that became active, a fresh process: nothing else may wake them), take each
+        fenced pod's next step, and look for its pods on nodes that are leaving. body: the
+        round's snapshot; pods: its pods (from the watch-fed cache)."""
         meta = body["metadata"]
         for uid in parse_in_flight(meta.get("annotations")):
             self.in_flight.drive(meta["namespace"], meta["name"], uid)
-        if any(ladder.parse_fence(p["metadata"].get("annotations")) for p in pods):
-            owner = self.owner(meta["namespace"], meta["name"])
-            with owner.lock:
-                self.recovery.round(meta["namespace"], meta["name"], pods)
+        fenced = [(p, f) for p in pods if (f := ladder.parse_fence(
+            p["metadata"].get("annotations"))) is not None]
+        if fenced:
+            with self.owner(meta["namespace"], meta["name"]).lock:
+                self.recovery.round(meta["namespace"], meta["name"], fenced)
         drains.on_round(self, body, pods)
 
     # -- reporting
