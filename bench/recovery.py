@@ -11,9 +11,9 @@ operator acted on it, and what the recovery threw away, for three ways to recove
 Real kube-apiserver v1.20.2 and controllers, the operator as its own process, pods run by the
 node simulator with the vLLM stand-in at the published start figures (vlm_testbed/vllmsim/
 startup.py: cold 110 s, 52 s with the weights on the node, 48 s with the compile cache too; an
-in-place restart keeps both on the pod's emptyDirs), the kubelet's downwardAPI refresh at its
-60 s worst case (nodesim), its restart back-off and probes as the operator's pod spec sets
-them. Requests: a client following the Service's EndpointSlices as kube-proxy does
+in-place restart keeps both on the pod's emptyDirs), the kubelet's downwardAPI refresh on its
+sync of the updated pod (nodesim: 2 s; --downward-api-lag 60 for a missed sync), its restart
+back-off and probes as the operator's pod spec sets them. Requests: a client following the Service's EndpointSlices as kube-proxy does
 (vlm_testbed/load.py), 10 a second, from the fault on; every one started is counted.
 
 Usage: .venv/bin/python bench/recovery.py [--trials 1] [--rows id,id] [--scale 1.0]
@@ -38,6 +38,7 @@ from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, b
 from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed, Observed, Row, instance
 from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.load import LoadClient
+from vlm_testbed.nodesim.volumes import DOWNWARD_API_LAG_S
 from vlm_testbed.operator_process import OperatorProcess
 
 RESULTS = Path(__file__).parent / "results"
@@ -234,7 +235,7 @@ def main() -> int:
     ap.add_argument("--rows", default=",".join(ROW_IDS))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--scale", type=float, default=1.0, help="the stand-in's start figures")
-    ap.add_argument("--downward-api-lag", type=float, default=60.0)
+    ap.add_argument("--downward-api-lag", type=float, default=DOWNWARD_API_LAG_S)
     ap.add_argument("--limit", type=float, default=600.0)
     ap.add_argument("--out", default="recovery")
     ap.add_argument("--markdown", type=Path, help="only write the Markdown of this JSON")

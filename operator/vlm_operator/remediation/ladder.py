@@ -10,7 +10,8 @@ request reaches it while it recovers. Then the rungs, each with a deadline:
   restart). The operator waits EXIT_WAIT_S for that restart.
 - RESTART_REQUEST: the process stays up (a hung engine, a kept-alive dead one): the operator
   writes the pod's restart-request annotation; the kubelet projects it into the container
-  (a downwardAPI volume, refreshed within about a minute) and the engine plugin exits the
+  (a downwardAPI volume, rewritten on the kubelet's sync of the updated pod: about a
+  second, its periodic sync a minute later where that is missed) and the engine plugin exits the
   process, for the same in-place restart. Only where the plugin runs in the pod's current
   container (its startup line was seen); REQUEST_WAIT_S covers the kubelet's refresh.
 - DELETE: a fresh pod (what a Restart always did): when in-place recovery failed, or would be
@@ -36,8 +37,8 @@ from vlm_operator.k8s.pods import container_status, is_ready, parse_time, restar
 # vLLM exits about 5 s after its engine dies; the kubelet sees the exit at once (PLEG, ~1 s)
 # and restarts the first time without back-off. Slack for a loaded node.
 EXIT_WAIT_S = 30.0
-# The kubelet refreshes projected downwardAPI files on its pod sync, about every minute plus
-# its cache TTL; then the plugin reads the file within a second.
+# The kubelet rewrites projected downwardAPI files when it syncs the updated pod (about a
+# second), at worst on its periodic sync a minute later; the plugin reads the file every second.
 REQUEST_WAIT_S = 120.0
 # A container restarted in place has the startup probe's budget to load the model again.
 READY_WAIT_S = float(children.STARTUP_PERIOD_SECONDS * children.STARTUP_FAILURE_THRESHOLD)
