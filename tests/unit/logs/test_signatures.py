@@ -479,7 +479,7 @@ def test_extra_signature_duplicates_among_extras_and_count_limit():
 
 def test_signature_table_is_well_formed():
     names = [s.name for s in SIGNATURES]
-    assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead",
+    assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead", "gpu_error",
                      "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
         assert s.patterns and s.severity and s.action

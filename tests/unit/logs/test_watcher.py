@@ -129,7 +129,7 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
     try:
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({"health": {
             "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
-            "engineStalled": {"stallSeconds": 600},
+            "gpuError": {"windowSeconds": 20}, "engineStalled": {"stallSeconds": 600},
             "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
                                  "windowSeconds": 45}]}})
         assert watch.lookback_s("ml", "demo") == 45
