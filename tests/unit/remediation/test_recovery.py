@@ -213,7 +213,7 @@ def test_a_gpu_error_read_after_the_fence_deletes_instead_of_waiting():
 
 
 def test_a_gpu_error_incident_by_itself_fences_and_replaces_the_pod():
-    kube, pod = setup()
+    kube, _ = setup()
     rem = remediator(kube, gpu_error=lambda uid: GpuError(time.time(), ILLEGAL))
     rem.incident(NS, "vl", death("gpu_error", "gpuError"))
     assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
