@@ -209,7 +209,8 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
         kube, refresh,
         may_act=(lambda ns: peering.may_act(ns, fresh=True)) if peering else None,
         replica_fits=budget.replica_fits, engine_dead=followers.engine_dead,
-        plugin_loaded=followers.plugin_loaded, leaving_nodes=cluster.leaving_nodes,
+        plugin_loaded=followers.plugin_loaded, gpu_error=followers.gpu_error,
+        leaving_nodes=cluster.leaving_nodes,
         node_drain_wait_s=args.node_drain_wait_seconds).start()
     logwatch = LogWatch(kube, refresh, remediator, followers,
                         may_mark=peering.may_act if peering else None,

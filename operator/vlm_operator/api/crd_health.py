@@ -35,6 +35,12 @@ def health() -> s.Schema:
                 "`Failed to acquire tokenizer` retry warnings", 5, 60, "Restart"),
             "engineDead": signature_policy(
                 "engine death (EngineDeadError)", 1, 60, "Restart"),
+            "gpuError": signature_policy(
+                "a GPU or driver fault (a CUDA error such as an illegal memory access, an "
+                "uncorrectable ECC error, an unspecified launch failure; NCCL's unhandled cuda "
+                "error) as the first exception of a traceback vLLM logs; with recovery "
+                "InPlace the pod is replaced by a new one, never restarted in place on the "
+                "same GPU", 1, 60, "Restart"),
             "engineStalled": s.obj(
                 "A hung engine: /health still answers but nothing progresses. Where the "
                 "vlm-operator plugin runs, its engine heartbeat (a log line every 5 s "
@@ -129,8 +135,10 @@ def health() -> s.Schema:
                 "rung that works: the kubelet's in-place container restart when vLLM exits "
                 "by itself, else a restart request the engine plugin acts on (projected "
                 "into the container, within about a minute), and a new pod only when those "
-                "fail or the kubelet's back-off is past a cold start. A pod that still "
-                "serves (tokenizer retries) is restarted as with NewPod.",
+                "fail, the kubelet's back-off is past a cold start or the node is suspect "
+                "(a GPU error in the pod's log, or the pod already recovered in place twice "
+                "in the last hour). A pod that still serves (tokenizer retries) is "
+                "restarted as with NewPod.",
                 default="NewPod", enum=["NewPod", "InPlace"]),
         },
         default={},

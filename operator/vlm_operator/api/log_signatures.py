@@ -62,6 +62,15 @@ def _p(variant, rx, kind="line", files=None, levels=None, headerless=False) -> P
                    frozenset(levels) if levels else None, headerless)
 
 
+_CUDA_ERROR = r"(?:torch\.AcceleratorError|RuntimeError): "
+# CUDA's own texts (cudaGetErrorString) of the sticky faults a bad GPU or driver shows
+_CUDA_FAULTS = (
+    ("illegal_memory_access", r"CUDA error: an illegal memory access was encountered"),
+    ("illegal_instruction", r"CUDA error: an illegal instruction was encountered"),
+    ("launch_failure", r"CUDA error: unspecified launch failure"),
+    ("misaligned_address", r"CUDA error: misaligned address"),
+    ("ecc_uncorrectable", r"CUDA error: uncorrectable ECC error encountered"),
+)
 _DEAD_MSG = r"EngineCore encountered an issue\. See stack trace \(above\) for the root cause\."
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -99,6 +108,22 @@ SIGNATURES: tuple[Signature, ...] = (
         _p("engine_dead_error", r"(?:vllm\.v1\.engine\.exceptions\.)?EngineDeadError: "
                                 + _DEAD_MSG, kind="exception", headerless=True),
     ), merge_window_s=60.0),
+    # A GPU or driver fault (a sticky CUDA error: the process's CUDA context is lost, the engine
+    # dies with it) as the first exception of a traceback vLLM logs: the engine core's, or a
+    # tensor-parallel worker's (multiproc_executor.py). torch >= 2.8 raises AcceleratorError,
+    # earlier ones RuntimeError; NCCL's own wrapper (vLLM's pynccl) and torch's process group
+    # word it their way. `error` names the fault for Events. The node it ran on is suspect
+    # (remediation/suspect.py): a restart in place would reuse the same GPU.
+    Signature("gpu_error", "critical", "restart", (
+        *(_p(variant, _CUDA_ERROR + rf"(?P<error>{text})", kind="exception")
+          for variant, text in _CUDA_FAULTS),
+        _p("nccl_unhandled_cuda", r"RuntimeError: (?P<error>NCCL error: unhandled cuda error) "
+                                  r"\(run with NCCL_DEBUG=INFO for details\)", kind="exception"),
+        _p("nccl_backend_cuda", r"(?:torch\.distributed\.)?DistBackendError: NCCL error in: "
+                                r"[^\s,]{1,512}:\d{1,6}, (?P<error>unhandled cuda error) "
+                                r"\(run with NCCL_DEBUG=INFO for details\)"
+                                r"(?:, NCCL version [\w.\-+]{1,32})?", kind="exception"),
+    )),
     Signature("plugin_active", "info", "record", (
         _p("active", r"vlm-tokenizer-pool active: vllm=(?P<vllm_version>\S+) "
                      r"pool_size=(?P<pool_size>\d+) patched=(?P<patched>\S*)",

@@ -39,6 +39,8 @@ RESTART_REQUEST_DIR, RESTART_REQUEST_FILE = "/etc/vlm-operator", "restart-reques
 RESTART_REQUEST_ENV = "VLM_RESTART_REQUEST_FILE"
 # pod: detections up to this time were acted on by an in-place recovery that succeeded
 ACTED_UNTIL = f"{GROUP}/acted-until"
+# pod: times of its in-place recoveries in the last hour (remediation/suspect.py)
+RECOVERED_IN_PLACE = f"{GROUP}/recovered-in-place"
 HISTORY = f"{GROUP}/remediations"  # VLMDeployment: JSON list of action times, last hour
 IN_FLIGHT = f"{GROUP}/in-flight"  # VLMDeployment: JSON {pod uid: InFlight} of open actions
 

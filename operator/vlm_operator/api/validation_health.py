@@ -10,7 +10,8 @@ from vlm_operator.api import log_signatures
 from vlm_operator.api.schema import section
 
 # spec.health policies with an action (besides extraSignatures).
-ACTION_FIELDS = ("tokenizerRetry", "engineDead", "engineStalled", "apiUnresponsive")
+ACTION_FIELDS = ("tokenizerRetry", "engineDead", "gpuError", "engineStalled",
+                 "apiUnresponsive")
 
 
 def signature_problems(spec: dict) -> list[str]:

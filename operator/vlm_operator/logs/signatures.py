@@ -97,6 +97,7 @@ TRACEBACK_LEADS = frozenset({
     "EngineCore failed to start.",
     "Error in chat completion stream generator.",
     "Error in completion stream generator.",
+    "WorkerProc hit an exception.",  # a tensor-parallel worker (multiproc_executor.py)
 })
 _LEAD_RE = anchored(r"Exception occurred while running API servers: [^\r\n]*")
 # The one chained link we read after a trusted exception line (raised `from` the last retry).

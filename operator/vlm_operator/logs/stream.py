@@ -56,6 +56,7 @@ from vlm_operator.metrics import (
     LOG_PREVIOUS_UNREADABLE,
     LOG_RECONNECTS,
 )
+from vlm_operator.remediation.suspect import GpuError
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class Follower(threading.Thread):
         # failure) or None (no startup line yet)
         self.plugin: str | None = None
         self.engine_dead_at: float | None = None
+        self.gpu_error: GpuError | None = None  # the pod's last one (its GPU outlives containers)
         self.readable_before = False  # the resume mark says vLLM's header was seen before it
         self.reading_since: float | None = None  # when this container's log began to be read
         # the log time (the kubelet's timestamp, else when it came) of the last line delivered

@@ -31,6 +31,7 @@ from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.policy import NOT_FROM_LOG
 from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.suspect import GpuError
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,8 @@ class LogWatch:
             return
         if det.signature == "engine_dead":
             follower.engine_dead_at = t
+        if det.signature == "gpu_error":  # the ladder's input: its node is suspect
+            follower.gpu_error = GpuError(t, det.fields.get("error", det.variant))
         if not follower.owner:
             return
         try:

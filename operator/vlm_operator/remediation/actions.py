@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.api.names import ACTED_UNTIL, FENCE, RESTART_REQUEST
+from vlm_operator.api.names import ACTED_UNTIL, FENCE, RECOVERED_IN_PLACE, RESTART_REQUEST
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.remediation import ladder
@@ -63,11 +63,13 @@ def fence(kube: Kube, namespace: str, pod: str, fence: ladder.Fence, *,
                    annotations=annotations)
 
 
-def unfence(kube: Kube, namespace: str, pod: str, *, now: float) -> None:
+def unfence(kube: Kube, namespace: str, pod: str, *, now: float, recovered: str) -> None:
     """Back into the Service after an in-place recovery; what was detected until now was
-    acted on (the restart request stays: the plugin acts only on a new one)."""
+    acted on (the restart request stays: the plugin acts only on a new one); `recovered`: the
+    pod's in-place recoveries with this one (remediation/suspect.py)."""
     kube.patch_pod(namespace, pod, labels={children.IN_SERVICE_LABEL: "true"},
-                   annotations={FENCE: None, ACTED_UNTIL: f"{now:.3f}"})
+                   annotations={FENCE: None, ACTED_UNTIL: f"{now:.3f}",
+                                RECOVERED_IN_PLACE: recovered})
 
 
 def record_remediation(kube: Kube, namespace: str, name: str, history: list[float], *,

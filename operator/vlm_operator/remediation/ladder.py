@@ -15,7 +15,9 @@ request reaches it while it recovers. Then the rungs, each with a deadline:
   process, for the same in-place restart. Only where the plugin runs in the pod's current
   container (its startup line was seen); REQUEST_WAIT_S covers the kubelet's refresh.
 - DELETE: a fresh pod (what a Restart always did): when in-place recovery failed, or would be
-  slower (the kubelet's back-off before the next in-place restart is past a cold start).
+  slower (the kubelet's back-off before the next in-place restart is past a cold start), or the
+  node is suspect (remediation/suspect.py: a GPU error in the log, or in-place recoveries that
+  keep failing): a restart in place would run on the same GPU again.
 
 A container that restarted in place gets READY_WAIT_S (the startup probe's budget) to be Ready;
 then the fence is lifted. Everything the next step needs is in the pod's annotation and status,
@@ -33,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from vlm_operator.api.names import ACTED_UNTIL, FENCE
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import container_status, is_ready, parse_time, restart_count
+from vlm_operator.remediation.suspect import Suspect
 
 # vLLM exits about 5 s after its engine dies; the kubelet sees the exit at once (PLEG, ~1 s)
 # and restarts the first time without back-off. Slack for a loaded node.
@@ -135,8 +138,12 @@ def can_request(pod: Mapping, plugin_loaded: bool) -> bool:
                                  for v in volumes)
 
 
-def first_rung(signature: str, pod: Mapping, *, plugin_loaded: bool) -> tuple[Rung, str]:
-    """The cheapest rung that can work for this pod and signal, and why."""
+def first_rung(signature: str, pod: Mapping, *, plugin_loaded: bool,
+               suspect: Suspect | None = None) -> tuple[Rung, str]:
+    """The cheapest rung that can work for this pod and signal, and why. suspect: why its node
+    is suspect (remediation/suspect.py; None: it is not): a new pod at once."""
+    if suspect is not None:
+        return Rung.DELETE, suspect.why
     backoff = kubelet_backoff_s(restart_count(pod))
     if backoff > COLD_START_S:
         return Rung.DELETE, (f"the kubelet would wait {backoff:.0f} s before restarting it in "
@@ -164,13 +171,16 @@ def climb(fence: Fence, rung: Rung, now: float, restarts: int) -> Fence:
     return replace(fence, rung=rung.value, deadline=deadline_for(rung, now), restarts=restarts)
 
 
-def next_step(fence: Fence, pod: Mapping | None, now: float, *,
-              plugin_loaded: bool) -> tuple[Next, Rung | None, str]:
-    """The fenced pod's next step: (what, the rung it climbs to, why)."""
+def next_step(fence: Fence, pod: Mapping | None, now: float, *, plugin_loaded: bool,
+              suspect: Suspect | None = None) -> tuple[Next, Rung | None, str]:
+    """The fenced pod's next step: (what, the rung it climbs to, why). suspect: why its node is
+    suspect (None: it is not): a new pod, even after an in-place restart (the same GPU)."""
     if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return Next.FORGET, None, "the pod is going away"
     if fence.rung == Rung.DELETE:  # the deletion did not take (an API error): again
         return Next.DELETE, Rung.DELETE, "the pod is still there after its deletion"
+    if suspect is not None:
+        return Next.DELETE, Rung.DELETE, suspect.why
     if restart_count(pod) > fence.restarts:
         if is_ready(pod):
             return Next.UNFENCE, None, "it restarted in place and is Ready again"

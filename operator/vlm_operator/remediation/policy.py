@@ -21,13 +21,15 @@ SIGNATURE_POLICY = {
     "tokenizer_retry": "tokenizerRetry",
     "tokenizer_borrow_error": "tokenizerRetry",
     "engine_dead": "engineDead",
+    "gpu_error": "gpuError",
     "engine_stalled": "engineStalled",  # from stalls/watch.py, not from the log
     "api_unresponsive": "apiUnresponsive",
 }
 # Signals stalls/watch.py finds, not the log (a log replay never refills their windows).
 NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
-# Signals that prove the pod serves nothing, whatever its readiness says.
-NOT_SERVING = ("engine_dead", "engine_stalled", "api_unresponsive")
+# Signals that prove the pod serves nothing, whatever its readiness says (a sticky CUDA error
+# loses the process's CUDA context: its engine dies with it).
+NOT_SERVING = ("engine_dead", "gpu_error", "engine_stalled", "api_unresponsive")
 INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
 
 
@@ -57,7 +59,8 @@ def health_policy_from_spec(spec: Mapping) -> HealthPolicy:
     Each of spec.health.extraSignatures gets a rule of its own, keyed `extra:<name>`."""
     health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
     rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
-                       health[key]["action"]) for key in ("tokenizerRetry", "engineDead")}
+                       health[key]["action"])
+             for key in ("tokenizerRetry", "engineDead", "gpuError")}
     # one stall or unresponsive-API verdict is the incident (stalls/watch.py counts for it)
     stalled = health["engineStalled"]
     rules["engineStalled"] = Rule(1, max(INCIDENT_WINDOW_S, 2.0 * stalled["stallSeconds"]),

@@ -24,7 +24,7 @@ from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.metrics import REMEDIATIONS
-from vlm_operator.remediation import actions, drains, events, guards, ladder, steps
+from vlm_operator.remediation import actions, drains, events, guards, ladder, steps, suspect
 from vlm_operator.remediation.decide import (
     GUARDS,
     PlanRequest,
@@ -50,11 +50,7 @@ from vlm_operator.remediation.incidents import (
     stamp,
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
-from vlm_operator.remediation.policy import (
-    RESTART,
-    backoff_s,
-    health_policy_from_spec,
-)
+from vlm_operator.remediation.policy import RESTART, backoff_s, health_policy_from_spec
 from vlm_operator.remediation.recovery import Recovery
 
 log = logging.getLogger(__name__)
@@ -66,6 +62,7 @@ class Remediator:
                  replica_fits: Callable[[VLMDeployment, int], bool] | None = None,
                  engine_dead: Callable[[str], bool] = lambda uid: False,
                  plugin_loaded: Callable[[str], bool] = lambda uid: False,
+                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
                  leaving_nodes: Callable[[], Mapping[str, str]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
@@ -76,7 +73,7 @@ class Remediator:
         replicas of it not yet on a node took theirs (raises when unknown; None: never surge);
         `engine_dead(uid)`: the pod's log showed engine death in its current container;
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
-        (it can act on an in-place restart request);
+        (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
         `leaving_nodes()`: node name -> why it is leaving (raises Stale when unknown; None:
         node drains are not looked for)."""
         self.kube = kube
@@ -95,7 +92,7 @@ class Remediator:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="reconsider")
         self.in_flight = InFlightDriver(self)
         self.recovery = Recovery(kube, reconcile, engine_dead=engine_dead,
-                                 plugin_loaded=plugin_loaded)
+                                 plugin_loaded=plugin_loaded, gpu_error=gpu_error)
 
     def start(self) -> Remediator:
         self._thread.start()

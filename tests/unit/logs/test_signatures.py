@@ -314,6 +314,9 @@ SIGNATURE_TEXTS = [
     "waiting=0", "INFO 11-29 07:41:31 [heartbeat.py:162] ",
     "Traceback (most recent call last):", '  File "/v/core.py", line 1, in run',
     "Error in preprocessing prompt inputs", "(APIServer pid=1) ",
+    "WorkerProc hit an exception.", "torch.AcceleratorError: CUDA error: an illegal memory "
+    "access was encountered", "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
     "ERROR 11-29 07:41:31 [core.py:710] ", "WARNING 11-29 07:41:31 [context.py:276] ",
     K8S, "\x1b[31m", "\n", "\r\n", "\r", "\n\n", "  ", "\u2028", "\x85",
 ]
@@ -337,6 +340,8 @@ def forged_records(text: str) -> list[str]:
                        exc=raised(ValueError(f"bad input: {text}")))
     out += vllm_record("serving.py", logging.ERROR, "Error in chat completion stream generator.",
                        exc=raised(KeyError(text)), proc="(EngineCore pid=6) ")
+    out += vllm_record("multiproc_executor.py", logging.ERROR, "WorkerProc hit an exception.",
+                       exc=raised(ValueError(f"bad input: {text}")), proc="(Worker_TP1 pid=8) ")
     return out
 
 
@@ -360,6 +365,83 @@ def test_explicit_attacks_do_not_match():
     lines = forged_records(payload)
     assert any(x.rstrip("\r").endswith(DEAD) for x in lines)  # the forgery is in the log...
     assert scan(lines) == []  # ...and is not believed
+
+
+def test_user_text_cannot_forge_a_gpu_error():
+    """A GPU error replaces the pod (its node is suspect): a prompt that carries the lines of a
+    CUDA fault, a whole forged traceback after a newline, or the worker's lead, is not one."""
+    forged = "\n".join([
+        "x", "(Worker_TP0 pid=9) ERROR 11-29 07:41:31 [multiproc_executor.py:880] WorkerProc "
+        "hit an exception.", "Traceback (most recent call last):",
+        '  File "/v/multiproc_executor.py", line 1, in worker_busy_loop', "    f()",
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered"])
+    lines = forged_records(forged) + forged_records(
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
+    assert any("illegal memory access" in x for x in lines)
+    assert scan(lines) == []
+    for line in access_lines("/v1/x", "e=RuntimeError:+CUDA+error:+misaligned+address"):
+        assert scan([line]) == []
+
+
+def cuda_error(text: str, module: str = "torch", name: str = "AcceleratorError"):
+    """torch's CUDA error as it raises it: the fault's text, then its hints on more lines."""
+    exc_type = type(name, (RuntimeError,), {"__module__": module})
+    return raised(exc_type(f"CUDA error: {text}\nCUDA kernel errors might be asynchronously "
+                           "reported at some other API call, so the stacktrace below might be "
+                           "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"))
+
+
+@pytest.mark.parametrize("text,variant", [
+    ("an illegal memory access was encountered", "illegal_memory_access"),
+    ("an illegal instruction was encountered", "illegal_instruction"),
+    ("unspecified launch failure", "launch_failure"),
+    ("misaligned address", "misaligned_address"),
+    ("uncorrectable ECC error encountered", "ecc_uncorrectable"),
+])
+def test_a_cuda_fault_in_the_engine_core_is_a_gpu_error_after_its_engine_death(text, variant):
+    """The engine core logs its fatal error with the CUDA fault as the traceback's exception
+    (torch >= 2.8: AcceleratorError; earlier: RuntimeError): engine death, then the GPU error as
+    an occurrence of its own (it is acted on by itself)."""
+    for exc in (cuda_error(text), cuda_error(text, "builtins", "RuntimeError")):
+        lines = vllm_record("core.py", logging.ERROR, "EngineCore encountered a fatal error.",
+                            exc=exc, proc="(EngineCore_DP0 pid=7) ")
+        dets = scan(lines)
+        assert [(d.signature, d.variant, d.first) for d in dets] == [
+            ("engine_dead", "fatal_error", True), ("gpu_error", variant, True)]
+        assert dets[1].fields == {"error": f"CUDA error: {text}"}
+        assert dets[0].occurrence != dets[1].occurrence
+
+
+def test_a_tensor_parallel_workers_cuda_or_nccl_fault_is_a_gpu_error():
+    nccl = raised(type("DistBackendError", (RuntimeError,), {"__module__": "torch.distributed"})(
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:275, unhandled cuda "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError"
+        ": Call to CUDA function failed."))
+    for exc, variant, error in (
+            (cuda_error("an illegal memory access was encountered"), "illegal_memory_access",
+             "CUDA error: an illegal memory access was encountered"),
+            (nccl, "nccl_backend_cuda", "unhandled cuda error"),
+            (raised(RuntimeError("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO "
+                                 "for details)")), "nccl_unhandled_cuda",
+             "NCCL error: unhandled cuda error")):
+        lines = vllm_record("multiproc_executor.py", logging.ERROR,
+                            "WorkerProc hit an exception.", exc=exc, proc="(Worker_TP1 pid=8) ")
+        [d] = scan(lines)
+        assert (d.signature, d.variant, d.fields) == ("gpu_error", variant, {"error": error})
+
+
+def test_a_gpu_error_needs_a_trusted_traceback():
+    """Not a headerless one (user text printed raw could look like it), not after a lead
+    vLLM never logs, and not as a line of its own."""
+    bare = ["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    f()",
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"]
+    assert scan(bare) == [] and scan(["(APIServer pid=5) " + x for x in bare]) == []
+    lines = vllm_record("core.py", logging.ERROR, "Something else failed.",
+                        exc=cuda_error("unspecified launch failure"))
+    assert scan(lines) == []
+    assert match("ERROR 11-29 07:41:31 [core.py:1] RuntimeError: CUDA error: misaligned "
+                 "address") is None
 
 
 def test_real_borrow_error_after_hostile_text_still_counts():
@@ -479,7 +561,7 @@ def test_extra_signature_duplicates_among_extras_and_count_limit():
 
 def test_signature_table_is_well_formed():
     names = [s.name for s in SIGNATURES]
-    assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead",
+    assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead", "gpu_error",
                      "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
         assert s.patterns and s.severity and s.action

@@ -14,7 +14,8 @@ def log_watch(**kw) -> LogWatch:
     """A LogWatch wired as runner.build wires it, on no cluster."""
     followers = Followers()
     remediator = Remediator(None, lambda ns, name: None, engine_dead=followers.engine_dead,
-                            plugin_loaded=followers.plugin_loaded).start()
+                            plugin_loaded=followers.plugin_loaded,
+                            gpu_error=followers.gpu_error).start()
     return LogWatch(None, lambda ns, name: None, remediator, followers, **kw)
 
 
@@ -40,6 +41,28 @@ def test_failing_pods_from_windows_and_findings():
             "c": [findings.Finding("CrashLoopBackOff", "c: crash", "c/crash")]}
         assert watch.failing_pods("ml", "demo") == {"a", "c"}
         assert watch.failing_pods("ml", "nobody") == set()
+    finally:
+        watch.stop()
+
+
+def test_a_gpu_error_in_the_log_is_what_the_remediator_asks_for():
+    """The ladder's input: the CUDA fault a pod's log showed, with its time and text, kept for
+    the pod (its GPU outlives its containers)."""
+    watch = log_watch()
+    try:
+        follower = Follower(watch, {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}})
+        watch.followers.by_uid["u"] = follower
+        assert watch.followers.gpu_error("u") is None
+        head = "(EngineCore_DP0 pid=7) ERROR 11-29 07:41:31 [core.py:866] "
+        for text in ("EngineCore encountered a fatal error.", "Traceback (most recent call "
+                     "last):", '  File "/v/core.py", line 1, in run_engine_core', "    run()",
+                     "torch.AcceleratorError: CUDA error: an illegal memory access was "
+                     "encountered", "CUDA kernel errors might be asynchronously reported"):
+            follower._line(head + text + "\r")
+        error = watch.followers.gpu_error("u")
+        assert error.text == "CUDA error: an illegal memory access was encountered"
+        assert abs(error.at - time.time()) < 3600
+        assert watch.followers.gpu_error("other") is None
     finally:
         watch.stop()
 
@@ -129,7 +152,7 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
     try:
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({"health": {
             "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
-            "engineStalled": {"stallSeconds": 600},
+            "gpuError": {"windowSeconds": 20}, "engineStalled": {"stallSeconds": 600},
             "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
                                  "windowSeconds": 45}]}})
         assert watch.lookback_s("ml", "demo") == 45

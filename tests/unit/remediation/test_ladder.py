@@ -9,24 +9,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vlm_operator.api.names import ACTED_UNTIL, FENCE
+from vlm_operator.api.names import ACTED_UNTIL, FENCE, RECOVERED_IN_PLACE
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import parse_time
-from vlm_operator.remediation import ladder
+from vlm_operator.remediation import ladder, suspect
 from vlm_operator.remediation.ladder import Fence, Next, Rung
+from vlm_operator.remediation.suspect import GpuError
 
 T = 1_800_000_000.0
 
 
 def pod(*, restarts=0, ready=True, env=(), control=True, started=None, deleting=False,
-        annotations=None) -> dict:
+        annotations=None, node="gpu-7") -> dict:
     running = {"startedAt": started} if started else {}
     meta = {"name": "p", "uid": "u", "annotations": dict(annotations or {})}
     if deleting:
         meta["deletionTimestamp"] = "2027-01-15T08:00:00Z"
     return {
         "metadata": meta,
-        "spec": {"containers": [{"name": children.CONTAINER, "env": list(env)}],
+        "spec": {"nodeName": node,
+                 "containers": [{"name": children.CONTAINER, "env": list(env)}],
                  "volumes": [{"name": "control", "downwardAPI": {"items": []}}]
                  if control else []},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -141,3 +143,75 @@ def test_recovered_until_reads_the_pods_annotation():
     for bad in ("soon", "inf", "nan"):
         assert ladder.recovered_until(pod(annotations={ACTED_UNTIL: bad})) is None
     assert ladder.recovered_until(pod()) is None
+
+
+# ---------------------------------------------------------------- a suspect node
+
+ILLEGAL = "CUDA error: an illegal memory access was encountered"
+
+
+def recovered(*times: float) -> dict:
+    return {RECOVERED_IN_PLACE: ",".join(f"{t:.3f}" for t in times)}
+
+
+def test_a_gpu_error_makes_the_first_rung_a_new_pod_naming_the_node_and_the_error():
+    node = suspect.suspect(pod(), GpuError(T - 2, ILLEGAL), T)
+    for signature in ("engine_dead", "gpu_error", "engine_stalled"):
+        rung, why = ladder.first_rung(signature, pod(), plugin_loaded=True, suspect=node)
+        assert rung == Rung.DELETE
+        assert why == (f"GPU error on node gpu-7: {ILLEGAL}; a new pod, not an in-place "
+                       "restart on the same GPU")
+    # an hour later the GPU error no longer counts against the node
+    assert suspect.suspect(pod(), GpuError(T - suspect.SUSPECT_WINDOW_S - 1, ILLEGAL), T) is None
+
+
+def test_a_gpu_error_found_while_fenced_replaces_the_pod_even_after_its_in_place_restart():
+    node = suspect.suspect(pod(), GpuError(T + 1, ILLEGAL), T + 2)
+    for p in (pod(), pod(restarts=1, ready=False), pod(restarts=1, ready=True)):
+        step, rung, why = ladder.next_step(fence(), p, T + 2, plugin_loaded=True, suspect=node)
+        assert (step, rung) == (Next.DELETE, Rung.DELETE) and "GPU error on node gpu-7" in why
+    # a pod going away still needs nothing
+    assert ladder.next_step(fence(), pod(deleting=True), T + 2, plugin_loaded=True,
+                            suspect=node)[0] == Next.FORGET
+
+
+def test_after_two_in_place_recoveries_within_an_hour_the_next_is_a_new_pod():
+    once = pod(annotations=recovered(T - 600))
+    assert suspect.suspect(once, None, T) is None
+    assert ladder.first_rung("engine_dead", once, plugin_loaded=True,
+                             suspect=suspect.suspect(once, None, T))[0] == Rung.AWAIT_EXIT
+    twice = pod(annotations=recovered(T - 3000, T - 600))
+    node = suspect.suspect(twice, None, T)
+    rung, why = ladder.first_rung("engine_dead", twice, plugin_loaded=True, suspect=node)
+    assert rung == Rung.DELETE and node.node == "gpu-7"
+    assert "already recovered in place 2 times on node gpu-7" in why
+    # one of them more than an hour ago: it does not count
+    assert suspect.suspect(pod(annotations=recovered(T - 4000, T - 600)), None, T) is None
+
+
+def test_each_in_place_recovery_is_added_to_the_pods_count_and_it_stays_bounded():
+    value = suspect.recoveries_value((), T)
+    assert suspect.recoveries({RECOVERED_IN_PLACE: value}, T) == (T,)
+    times = tuple(T - 10 * i for i in range(20, 0, -1))
+    value = suspect.recoveries_value(times, T)
+    assert len(value) <= suspect.MAX_RAW
+    assert suspect.recoveries({RECOVERED_IN_PLACE: value}, T) == (*times[-7:], T)
+
+
+@pytest.mark.parametrize("raw", [
+    "nan,nan,nan", "inf,-inf", "1e400,1e400", ",,,", "soon,later", "x" * 300,
+    f"{T + 3600:.3f},{T + 7200:.3f}",  # from the future
+    ",".join(["1"] * 10_000),
+])
+def test_a_recovery_count_the_operator_did_not_write_counts_nothing(raw):
+    assert suspect.recoveries({RECOVERED_IN_PLACE: raw}, T) == ()
+    assert suspect.suspect(pod(annotations={RECOVERED_IN_PLACE: raw}), None, T) is None
+
+
+@given(st.one_of(st.text(max_size=400),
+                 st.lists(st.floats() | st.integers() | st.text(max_size=8), max_size=40).map(
+                     lambda xs: ",".join(map(str, xs)))))
+def test_any_recovery_annotation_reads_as_a_few_finite_times_in_the_window(raw):
+    times = suspect.recoveries({RECOVERED_IN_PLACE: raw}, T)
+    assert len(times) <= suspect.MAX_KEPT
+    assert all(math.isfinite(t) and T - suspect.SUSPECT_WINDOW_S < t <= T + 60 for t in times)

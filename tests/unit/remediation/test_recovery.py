@@ -8,11 +8,18 @@ import time
 
 import pytest
 
-from vlm_operator.api.names import ACTED_UNTIL, FENCE, IN_SERVICE_LABEL, RESTART_REQUEST
+from vlm_operator.api.names import (
+    ACTED_UNTIL,
+    FENCE,
+    IN_SERVICE_LABEL,
+    RECOVERED_IN_PLACE,
+    RESTART_REQUEST,
+)
 from vlm_operator.engine import reader
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import HISTORY, Incident, parse_history
 from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.suspect import GpuError
 
 from ..fakes import FakeKube
 
@@ -25,8 +32,10 @@ def no_pod_http(monkeypatch):
     monkeypatch.setattr(reader, "health", lambda ip, *a, **kw: None)
 
 
-def remediator(kube: FakeKube, *, plugin: bool = True) -> Remediator:
-    rem = Remediator(kube, lambda ns, name: None, plugin_loaded=lambda uid: plugin)
+def remediator(kube: FakeKube, *, plugin: bool = True, gpu_error=lambda uid: None
+               ) -> Remediator:
+    rem = Remediator(kube, lambda ns, name: None, plugin_loaded=lambda uid: plugin,
+                     gpu_error=gpu_error)
     rem.stop()
     return rem
 
@@ -160,3 +169,72 @@ def test_new_pod_recovery_deletes_as_before():
     kube.add_pod(NS, "a", owner="vl")
     remediator(kube).incident(NS, "vl", death())
     assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["delete"]
+
+
+ILLEGAL = "CUDA error: an illegal memory access was encountered"
+
+
+def deletions(kube: FakeKube) -> list:
+    return [c for c in kube.calls if c[0] == "delete"]
+
+
+def test_an_engine_death_after_a_gpu_error_is_a_new_pod_at_once_and_the_node_is_named():
+    kube, pod = setup()
+    pod["spec"]["nodeName"] = "gpu-7"
+    rem = remediator(kube, gpu_error=lambda uid: GpuError(time.time() - 1, ILLEGAL))
+    rem.incident(NS, "vl", death())
+    # fenced and deleted, not left for the kubelet to restart on the same GPU
+    assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["patch_pod",
+                                                                             "delete"]
+    assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "delete"
+    assert rung_events(kube) == ["PodRestarted", "NodeSuspect"]
+    assert last(kube)["rung"] == "delete"
+    assert f"GPU error on node gpu-7: {ILLEGAL}; a new pod" in last(kube)["reason"]
+    assert not [c for c in kube.calls if c[0] == "patch_node"]  # the Node is never written
+
+
+def test_a_gpu_error_read_after_the_fence_deletes_instead_of_waiting():
+    """The engine core logs its death first and the CUDA fault in the traceback after it: the
+    fence's first rung waits for the exit; the next round, knowing the GPU error, deletes."""
+    kube, pod = setup()
+    pod["spec"]["nodeName"] = "gpu-7"
+    seen: list[GpuError] = []
+    rem = remediator(kube, gpu_error=lambda uid: seen[-1] if seen else None)
+    rem.incident(NS, "vl", death())
+    assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "await-exit"
+    seen.append(GpuError(time.time(), ILLEGAL))
+    restarted(pod, ready=False)  # the kubelet already restarted it in place: still replaced
+    round_(rem, kube)
+    assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
+    assert rung_events(kube) == ["PodFenced", "PodRestarted", "NodeSuspect"]
+    assert "GPU error on node gpu-7" in last(kube)["reason"]
+    history = parse_history(kube.vlmds[(NS, "vl")]["metadata"]["annotations"][HISTORY])
+    assert len(history) == 1  # one incident, one count
+
+
+def test_a_gpu_error_incident_by_itself_fences_and_replaces_the_pod():
+    kube, _ = setup()
+    rem = remediator(kube, gpu_error=lambda uid: GpuError(time.time(), ILLEGAL))
+    rem.incident(NS, "vl", death("gpu_error", "gpuError"))
+    assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
+    assert rung_events(kube) == ["PodRestarted", "NodeSuspect"]
+
+
+def test_in_place_recoveries_are_counted_on_the_pod_and_the_third_failure_is_a_new_pod():
+    kube, pod = setup()
+    pod["spec"]["nodeName"] = "gpu-7"
+    for i in (1, 2):
+        rem = remediator(kube)  # a fresh operator each time: the count is on the pod
+        now = time.time() + i
+        rem.incident(NS, "vl", Incident("uid-a", "a", "engineDead", "engine_dead", now, now, 1))
+        assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "await-exit"
+        restarted(pod, ready=True)
+        round_(rem, kube)
+        assert len(pod["metadata"]["annotations"][RECOVERED_IN_PLACE].split(",")) == i
+    assert not deletions(kube)
+    now = time.time() + 3
+    remediator(kube).incident(NS, "vl", Incident("uid-a", "a", "engineDead", "engine_dead",
+                                                 now, now, 1))
+    assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
+    assert rung_events(kube)[-2:] == ["PodRestarted", "NodeSuspect"]
+    assert "already recovered in place 2 times on node gpu-7" in last(kube)["reason"]
