@@ -17,6 +17,7 @@ from kube_helpers import (
     events,
     get_cr,
     make_namespace,
+    pod_gone,
     sim_post,
     wait_for,
     wait_ready_pods,
@@ -130,6 +131,33 @@ def test_a_hung_engine_exits_on_the_restart_request_and_restarts_in_place(api, n
     time.sleep(3)  # the restarted container, seeing the same request, does not exit again
     assert core.read_namespaced_pod(pod.metadata.name, ns).status.container_statuses[
         0].restart_count == 1
+
+
+def test_an_engine_death_from_a_gpu_fault_gets_a_new_pod_not_an_in_place_restart(api, ns,
+                                                                                 sim):
+    """The engine core logs a CUDA fault before it dies: the node's GPU is suspect, so the pod
+    is fenced and deleted at once (a new pod from its ReplicaSet), never restarted in place on
+    the same GPU, and a NodeSuspect Event names the node; the Node is not touched."""
+    create(api, ns, cr("gpu", replicas=1, health=in_place(minAvailable=0)))
+    (pod,) = wait_ready_pods(api, ns, "gpu", 1)
+    core = client.CoreV1Api(api)
+    node_before = core.read_node(pod.spec.node_name)
+    sim_post(pod.status.pod_ip, "/sim/fault", {
+        "fault": "engine_dead", "exit_delay": 30,
+        "gpu_error": "an illegal memory access was encountered"})
+    wait_for("the pod deleted", lambda: pod_gone(api, ns, pod), timeout=60)
+    (suspect,) = wait_for("NodeSuspect", lambda: events(api, ns, pod.metadata.name,
+                                                        "NodeSuspect"))
+    assert pod.spec.node_name in suspect.message
+    assert "CUDA error: an illegal memory access was encountered" in suspect.message
+    last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "gpu").get(
+        "status", {}).get("lastRemediation")) and r.get("rung") == "delete" and r)
+    assert last["pod"] == pod.metadata.name and "GPU error on node" in last["reason"]
+    assert not events(api, ns, pod.metadata.name, "PodRecoveredInPlace")
+    node_after = core.read_node(pod.spec.node_name)
+    assert node_after.spec.unschedulable == node_before.spec.unschedulable
+    assert node_after.metadata.labels == node_before.metadata.labels
+    wait_ready_pods(api, ns, "gpu", 1)
 
 
 def test_an_operator_killed_at_each_rung_is_continued_by_the_next(api, cluster):

@@ -8,7 +8,13 @@ import threading
 import time
 
 from .args import FAULTS, HOSTILE_PATHS
-from .loglines import engine_dead_lines, engine_proc_name, retry_warning, vllm_line
+from .loglines import (
+    engine_dead_lines,
+    engine_proc_name,
+    gpu_fault_lines,
+    retry_warning,
+    vllm_line,
+)
 
 
 class SimulatorFaults:
@@ -29,7 +35,8 @@ class SimulatorFaults:
         elif kind == "engine_dead":
             threading.Thread(target=self._die, daemon=True,
                              args=(float(spec.get("after", 0)), int(spec.get("exit_code", 0)),
-                                   float(spec.get("exit_delay", 5)))).start()
+                                   float(spec.get("exit_delay", 5)),
+                                   spec.get("gpu_error"))).start()
         elif kind == "hang":
             self.hung.set() if spec.get("on", True) else self.hung.clear()
         elif kind == "stall":
@@ -108,13 +115,18 @@ class SimulatorFaults:
             emitted += 1
             time.sleep(1.0 / rate)
 
-    def _die(self, after: float, exit_code: int, exit_delay: float) -> None:
+    def _die(self, after: float, exit_code: int, exit_delay: float,
+             gpu_error: str | None = None) -> None:
+        """The engine dies (after `after` s): with gpu_error (a CUDA fault's text), its engine
+        core logs the fault first; the API server's engine-death lines; vLLM's exit."""
         time.sleep(after)
         if self.dead:
             return
         self.dead = True
-        for line in engine_dead_lines(self.version, self.pid,
-                                      prefix=self.env.get("VLLM_LOGGING_PREFIX", "")):
+        prefix = self.env.get("VLLM_LOGGING_PREFIX", "")
+        lines = gpu_fault_lines(self.version, self.pid, str(gpu_error)[:200],
+                                prefix=prefix) if gpu_error else []
+        for line in lines + engine_dead_lines(self.version, self.pid, prefix=prefix):
             self.emit(line)
         if self.env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1":
             return

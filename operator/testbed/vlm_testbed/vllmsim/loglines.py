@@ -96,6 +96,31 @@ def engine_dead_lines(version: str, pid: int, now: float | None = None,
     return lines
 
 
+def gpu_fault_lines(version: str, pid: int, error: str, now: float | None = None,
+                    prefix: str = "") -> list[str]:
+    """The engine core's last record when a CUDA fault kills it: its fatal error with the
+    fault as the traceback's exception (torch >= 2.8 raises AcceleratorError; the message and
+    its hints as torch words them), every line under the record's header as vLLM's
+    NewLineFormatter writes it."""
+    site = "/opt/venv/lib/python3.11/site-packages/vllm/v1"
+    trace = [
+        "EngineCore encountered a fatal error.",
+        "Traceback (most recent call last):",
+        f'  File "{site}/engine/core.py", line 1016, in run_engine_core',
+        "    engine_core.run_busy_loop()",
+        f'  File "{site}/engine/core.py", line 1051, in run_busy_loop',
+        "    self._process_engine_step()",
+        f'  File "{site}/worker/gpu_model_runner.py", line 2630, in execute_model',
+        "    hidden_states = self.model(input_ids=input_ids, positions=positions)",
+        f"torch.AcceleratorError: CUDA error: {error}",
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.",
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    ]
+    return [vllm_line(engine_proc_name(version), pid + 1, "ERROR", "core.py:1025", t, now,
+                      prefix, version) for t in trace]
+
+
 def hides(env: dict[str, str], level: str) -> bool:
     """Whether VLLM_LOGGING_LEVEL in `env` drops lines of `level` (vLLM upper-cases it)."""
     threshold = env.get("VLLM_LOGGING_LEVEL", "INFO").upper()
