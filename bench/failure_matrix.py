@@ -12,6 +12,9 @@ Usage: .venv/bin/python bench/failure_matrix.py [--trials 1] [--limit 150] [--ro
 (--rows writes results/failure-matrix-partial.*; --merge folds such runs into
 results/failure-matrix.*, each row keeping the commit, trials and load of the run that measured
 it)
+Real-cost starts: --scale 1 runs the stand-in at the published start figures (cold 110 s, 48 s
+warm), --recovery InPlace sets spec.health.recovery on the operator's side, --no-probes leaves
+the probes-only side out, --out NAME names the results (and the whole a --merge folds into).
 """
 
 from __future__ import annotations
@@ -29,16 +32,25 @@ from common import machine
 from vlm_operator.api import crd
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed
+from vlm_testbed.failure_matrix.bed import READY_TIMEOUT_S
 from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.operator_process import OperatorProcess
+from vlm_testbed.vllmsim.startup import COMPILE_S, FETCH_S, INIT_S, LOAD_S
 
 RESULTS = Path(__file__).parent / "results"
+COLD_S = FETCH_S + LOAD_S + COMPILE_S + INIT_S  # the stand-in's cold start at scale 1
 PREFIX = "bench-fm-"
 
 
-def run_row(api, kubeconfig, row, health, limit: float, operator=None) -> dict:
+def run_row(api, kubeconfig, row, health, limit: float, operator=None,
+            scale: float | None = None) -> dict:
+    """One run of a row; scale: the stand-in's start figures (None: the test bed's instant
+    starts), with a wait for pods that covers a cold start at that scale."""
     prefix = "bench-solo-" if row.own_operator else PREFIX
-    with Bed.new(api, kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}") as bed:
+    options = {} if scale is None else {
+        "node_options": {"vllm_time_scale": scale},
+        "ready_timeout_s": max(READY_TIMEOUT_S, 3 * COLD_S * scale + 60)}
+    with Bed.new(api, kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}", **options) as bed:
         bed.limit_s = limit
         bed.watcher = None if row.own_operator else operator
         started = time.monotonic()
@@ -81,12 +93,20 @@ def main() -> int:
     ap.add_argument("--rows", default="", help="comma-separated row ids (default: all)")
     ap.add_argument("--markdown", type=Path, help="only write the Markdown of this JSON")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="PARTIAL",
-                    help="fold these partial runs' rows into results/failure-matrix.json")
+                    help="fold these partial runs' rows into results/<out>.json")
+    ap.add_argument("--scale", type=float, default=None,
+                    help="the stand-in's start figures (1: the published ones)")
+    ap.add_argument("--recovery", choices=("NewPod", "InPlace"), default=None,
+                    help="spec.health.recovery on the operator's side")
+    ap.add_argument("--no-probes", action="store_true", help="leave the probes-only side out")
+    ap.add_argument("--out", default="failure-matrix")
     args = ap.parse_args()
     if args.merge:
-        whole = RESULTS / "failure-matrix.json"
-        out = merged(json.loads(whole.read_text()),
-                     [json.loads(path.read_text()) for path in args.merge])
+        whole = RESULTS / f"{args.out}.json"
+        partials = [json.loads(path.read_text()) for path in args.merge]
+        # a whole not there yet starts from the first partial's settings, without rows
+        out = merged(json.loads(whole.read_text()) if whole.exists() else
+                     {**partials[0], "rows": []}, partials)
         whole.write_text(json.dumps(out, indent=2) + "\n")
         whole.with_suffix(".md").write_text(markdown(out))
         return 0
@@ -97,6 +117,7 @@ def main() -> int:
     rows = [r for r in ROWS if not args.rows or r.id in args.rows.split(",")]
     started_at = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=False).stdout.strip()
+    health = {"recovery": args.recovery} if args.recovery else None
     build()
     results = []
     with ControlPlane([crd.get_crd(), *crd.get_peering_crds()]) as cp:
@@ -107,19 +128,20 @@ def main() -> int:
                 entry = {"id": row.id, "what": row.what, "must_not": row.must_not,
                          "operator": [], "probes_only": []}
                 for trial in range(args.trials):
-                    entry["operator"].append(run_row(api, cp.kubeconfig, row, None, args.limit,
-                                                     operator))
-                    if row.probes:
-                        entry["probes_only"].append(
-                            run_row(api, cp.kubeconfig, row, IGNORE_ALL, args.limit, operator))
+                    entry["operator"].append(run_row(api, cp.kubeconfig, row, health, args.limit,
+                                                     operator, args.scale))
+                    if row.probes and not args.no_probes:
+                        entry["probes_only"].append(run_row(
+                            api, cp.kubeconfig, row, IGNORE_ALL, args.limit, operator, args.scale))
                     print(row.id, trial, json.dumps(entry["operator"][-1]),
                           json.dumps(entry["probes_only"][-1:]), flush=True)
                 results.append(entry)
     out = {"bench": "failure_matrix", "trials": args.trials, "limit_s": args.limit,
+           "scale": args.scale, "recovery": args.recovery, "probes": not args.no_probes,
            "rows": results, "started_at_commit": started_at,
            "machine": machine(control_plane="v1.20.2 (local build)")}
     RESULTS.mkdir(exist_ok=True)
-    name = "failure-matrix" if not args.rows else "failure-matrix-partial"
+    name = args.out if not args.rows else f"{args.out}-partial"
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(out))
     print(markdown(out))
@@ -151,9 +173,18 @@ def markdown(out: dict) -> str:
         "otherwise. \"Probes only\": the same pod spec with every signature's action Ignore, so "
         "only the kubelet's startup/readiness/liveness probes act (liveness: /health every 10 s, "
         "6 failures). Serving again: spec.replicas pods ready, /health 200, none of them a "
-        "container the fault hit; it includes the new pod's start (about 10 s here: scheduling, "
-        "the stand-in's start, the 5 s readiness period), the operator's own action takes about "
-        "0.1 s (bench/results/remediation-latency.md). "
+        "container the fault hit; it includes the new pod's start ("
+        + (f"the stand-in's start figures scaled by {out['scale']:g}: cold "
+           f"{COLD_S * out['scale']:.0f} s, warm {(LOAD_S + INIT_S) * out['scale']:.0f} s; "
+           "scheduling, the 5 s readiness period"
+           if out.get("scale") else "about 10 s here: scheduling, the stand-in's start, the 5 s "
+           "readiness period")
+        + "), the operator's own action takes about 0.1 s "
+        "(bench/results/remediation-latency.md). "
+        + (f"spec.health.recovery {out['recovery']} on the operator's side. "
+           if out.get("recovery") else "")
+        + ("The probes-only side was not run. " if out.get("probes") is False else "")
+        +
         f"Machine: {m['cores']} shared cores, load average {m['load_avg'][0]:.1f} at the end; "
         f"started at commit {out.get('started_at_commit', '?')} (rows with operators of their "
         f"own start them from the tree of their time), ended at {m['commit']}.",

