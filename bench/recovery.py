@@ -228,7 +228,7 @@ def markdown(out: dict) -> str:
             lines.append(f"| {entry['id']}: {entry['what']} | {mode} | "
                          f"{median(runs, 'serving_again_s')} | {failed} of {started} | "
                          f"{reached if acted else 'n/a (nothing acted)'} | {thrown(runs)} |")
-    return "\n".join(lines + (["", *notes] if notes else [])) + "\n"
+    return "\n".join(lines + [part for note in notes for part in ("", note)]) + "\n"
 
 
 def main() -> int:
