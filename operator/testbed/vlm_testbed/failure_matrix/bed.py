@@ -144,7 +144,8 @@ class Bed:
     def tenant(self, suffix: str) -> Bed:
         """A bed on another namespace (`<ns>-<suffix>`, watched like this one), for rows with
         two tenants; deleted with this bed, served by this bed's nodes."""
-        other = Bed(self.api, self.kubeconfig, f"{self.ns}-{suffix}")
+        other = Bed(self.api, self.kubeconfig, f"{self.ns}-{suffix}",
+                    node_options=self.node_options, ready_timeout_s=self.ready_timeout_s)
         ready_namespace(self.api, other.ns)
         other.watcher = self.watcher
         self._stack.callback(self._delete_namespace, other.ns)

@@ -126,12 +126,13 @@ def crash_loop(bed: Bed, health: dict | None) -> Observed:
     start = time.time()
     seen = bed.follow("row", 1, set(), start, until=lambda: bed.events("row")[
         "PodRestarted"] >= 2 and bed.condition("row", "Degraded").get("status") == "True",
-        timeout=90, settle=15)
+        timeout=max(90.0, bed.limit_s), settle=15)  # two starts: minutes at real start costs
     seen.notes["restarts_at_budget"] = seen.events["PodRestarted"]
     seen.notes["degraded"] = bed.condition("row", "Degraded")
     bed.patch_spec("row", {"health": {"maxRestartsPerHour": 4}})
     after = bed.follow("row", 1, set(), time.time(), until=lambda: bed.events("row")[
-        "PodRestarted"] > seen.notes["restarts_at_budget"], timeout=60, settle=0)
+        "PodRestarted"] > seen.notes["restarts_at_budget"], timeout=max(60.0, bed.limit_s),
+        settle=0)
     seen.notes["restarts_after_raise"] = after.events["PodRestarted"]
     seen.recovered_s = None  # a pod that crashes at every start never serves
     return seen
