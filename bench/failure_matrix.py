@@ -199,7 +199,8 @@ def markdown(out: dict) -> str:
         shown = ", ".join(f"{k} {v}" for k, v in sorted(events.items()) if k in (
             "PodRestarted", "PodReplacing", "PodReplaced", "RemediationSkipped",
             "ScaleDownStarted", "ScaledDown", "DrainTimedOut", "ReplaceFailed",
-            "ReplaceAbandoned", "NodeDrainHeld", "NodeDrainWaitExpired"))
+            "ReplaceAbandoned", "NodeDrainHeld", "NodeDrainWaitExpired", "PodFenced",
+            "PodRestartRequested", "PodRecoveredInPlace", "NodeSuspect"))
         probes = summary(entry["probes_only"]) if entry["probes_only"] else "n/a"
         lowest = min((r.get("lowest_ready", 0) for r in runs), default=0)
         operator = f"n/a: {entry['must_not']}" if entry.get("must_not") else summary(runs)

@@ -184,7 +184,8 @@ def storms_on_two_pods_one_gpu(bed: Bed, health: dict | None) -> Observed:
         uids = {p.metadata.uid for p in bed.pods("row")}
         return not any(p.metadata.uid in uids for p in pods)
 
-    seen = bed.follow("row", 2, faulted, start, until=done, timeout=150, settle=3)
+    seen = bed.follow("row", 2, faulted, start, until=done, timeout=max(150.0, bed.limit_s),
+                      settle=3)  # two replacements, one after the other
     body = bed.get("row")
     seen.notes.update(most_surges_at_once=surging[0], held_condition=held[0] if held else None,
                       budget_entries=len(incidents.parse_history(
