@@ -3,9 +3,9 @@
 The operator asks a pod whose engine hung (or died while the process is kept alive) to restart
 by writing the pod's `serving.vlm-operator.dev/restart-request` annotation; the kubelet
 projects it into the container through a downwardAPI volume (on its sync of the updated pod:
-about a second), at the path in VLM_RESTART_REQUEST_FILE. In the process vLLM started first (the API server: no
-multiprocessing parent), a daemon thread reads that file every second; when it holds a value
-other than the one it held when this process started, it logs
+about a second), at the path in VLM_RESTART_REQUEST_FILE. In the process vLLM started first
+(the API server: no multiprocessing parent), a daemon thread reads that file every second; when
+it holds a value other than the one it held when this process started, it logs
 
     vlm-restart-request <value>: exiting for an in-place container restart
 
