@@ -147,7 +147,7 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
     ns = make_namespace(api, "e2e-mark-")
     args = ("--standalone", "-n", ns, "--log-mark-seconds", "1")
     windows = {"tokenizerRetry": {"threshold": 3, "windowSeconds": 5, "action": "Restart"},
-               "engineDead": {"windowSeconds": 5}}
+               "engineDead": {"windowSeconds": 5}, "gpuError": {"windowSeconds": 5}}
     try:
         with NodeSimulator(cluster.kubeconfig, nodes=1, gpus_per_node=2, backoff_base=1.0,
                            name_prefix=f"sim-{ns}"):
