@@ -332,8 +332,12 @@ def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
     last = wait_for("lastRemediation", lambda: (r := get_cr(api, ns, "frozen").get(
         "status", {}).get("lastRemediation")) and r["pod"] == pod.metadata.name and r)
     assert (last["signature"], last["action"]) == ("engine_stalled", "Restart")
-    # the whole process group is stopped: its heartbeat with it, while the API server logs on
-    assert "the engine heartbeat of EngineCore stopped" in last["reason"], last["reason"]
+    # the whole process group is stopped: its heartbeat with it, while the API server logs on.
+    # Where the pod's log reaches the operator late (a loaded machine), the canary, which
+    # counts from the counters' last move, may find the frozen engine first: either way it is
+    # found as frozen, never as a long step (the heartbeat's own verdicts: tests/unit/stalls)
+    assert ("the engine heartbeat of EngineCore stopped" in last["reason"]
+            or "the canary" in last["reason"]), last["reason"]
     return ready_pod(api, ns, "frozen", not_uid=pod.metadata.uid)
 
 
