@@ -35,11 +35,16 @@ from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed
 from vlm_testbed.failure_matrix.bed import READY_TIMEOUT_S
 from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.operator_process import OperatorProcess
-from vlm_testbed.vllmsim.startup import COMPILE_S, FETCH_S, INIT_S, LOAD_S
+from vlm_testbed.vllmsim.startup import StartCosts, phases
 
 RESULTS = Path(__file__).parent / "results"
-COLD_S = FETCH_S + LOAD_S + COMPILE_S + INIT_S  # the stand-in's cold start at scale 1
+
 PREFIX = "bench-fm-"
+
+
+def start_s(scale: float, *, cached: bool) -> float:
+    """The stand-in's start at `scale`: cold, or warm (weights and compile cache there)."""
+    return sum(phases(StartCosts(scale=scale), weights_present=cached, compiled=cached).values())
 
 
 def run_row(api, kubeconfig, row, health, limit: float, operator=None,
@@ -49,7 +54,7 @@ def run_row(api, kubeconfig, row, health, limit: float, operator=None,
     prefix = "bench-solo-" if row.own_operator else PREFIX
     options = {} if scale is None else {
         "node_options": {"vllm_time_scale": scale},
-        "ready_timeout_s": max(READY_TIMEOUT_S, 3 * COLD_S * scale + 60)}
+        "ready_timeout_s": max(READY_TIMEOUT_S, 3 * start_s(scale, cached=False) + 60)}
     with Bed.new(api, kubeconfig, f"{prefix}{uuid.uuid4().hex[:6]}", **options) as bed:
         bed.limit_s = limit
         bed.watcher = None if row.own_operator else operator
@@ -175,7 +180,8 @@ def markdown(out: dict) -> str:
         "6 failures). Serving again: spec.replicas pods ready, /health 200, none of them a "
         "container the fault hit; it includes the new pod's start ("
         + (f"the stand-in's start figures scaled by {out['scale']:g}: cold "
-           f"{COLD_S * out['scale']:.0f} s, warm {(LOAD_S + INIT_S) * out['scale']:.0f} s; "
+           f"{start_s(out['scale'], cached=False):.0f} s, "
+           f"warm {start_s(out['scale'], cached=True):.0f} s; "
            "scheduling, the 5 s readiness period"
            if out.get("scale") else "about 10 s here: scheduling, the stand-in's start, the 5 s "
            "readiness period")

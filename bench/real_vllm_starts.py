@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from common import ROOT, machine
+from vlm_testbed.vllmsim.startup import StartCosts
 
 RESULTS = ROOT / "bench" / "results"
 KIND = "qwen2-vl-1g"
@@ -67,7 +68,8 @@ def weights_bytes() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=1)
-    parser.add_argument("--bytes-per-s", type=float, default=16e9 / 58)
+    parser.add_argument("--bytes-per-s", type=float,
+                        default=StartCosts().hub_bytes_per_s)
     args = parser.parse_args()
     size = weights_bytes()
     trials = [trial(args.bytes_per_s) for _ in range(args.trials)]
