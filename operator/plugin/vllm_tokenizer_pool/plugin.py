@@ -8,8 +8,7 @@ and never raises. What it patches depends on the installed vLLM (see `plan_for`)
   (InputPreprocessor 0.11-0.14, HfRenderer 0.15-0.16, BaseRenderer from 0.17, so every renderer
   subclass is covered: DeepSeek V3.2/V4/V4.1, KimiK3, Inkling, Cohere...); after the original
   constructor ran, that tokenizer is pooled in place.
-- 0.11 - 0.20: also InputProcessingContext (the multimodal processor's tokenizer, a deep copy on
-  0.18 - 0.20).
+- 0.11 - 0.20: also InputProcessingContext (the multimodal processor's tokenizer, copied 0.18+).
 - 0.21 - 0.33: also replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm
   module that imported the name) by the bounded pool; ours returns the tokenizer, which also
   fixes pickling on 0.21 - 0.23 (vLLM's returns None there).
@@ -19,9 +18,8 @@ vLLM has `renderer_num_workers` (N): its N renderer threads and the event loop (
 reasoning parsers), N + 1; from 0.29 also the one-thread multimodal executor, N + 2. Before
 0.19, VLM_TOKENIZER_POOL_SIZE (the operator sets rendererNumWorkers + 1; default 2).
 
-The engine heartbeat (heartbeat.py) is installed from here too, on the same versions: a line
-every few seconds from the engine core's step loop, for the operator's hung-engine detection.
-So is the watch for the operator's in-place restart request (restart.py), on every version.
+Installed from here too: the engine heartbeat (heartbeat.py, same versions: a line every few
+seconds from the engine core's step loop) and the watch for in-place restart requests (restart.py).
 
 Startup lines through logger "vllm.vlm_tokenizer_pool" (docs/contributing.md): `active` once per
 process, when a tokenizer in that process was actually pooled, with the size it got; `inactive`
@@ -29,10 +27,9 @@ for every distinct failure in a process (unsupported version, failed patch, a to
 could not be pooled, a hooked constructor that no longer sets the attribute), even after an
 `active` line: a process may hold one pooled tokenizer and one that is not.
 
-The engine core and workers of 0.17 - 0.20 also build InputProcessingContexts (for profiling and
-the multimodal cache); their tokenizers are pooled too. That costs N + 1 deep copies per such
-process at startup (about 27 MB and 0.5 s each at a 151k vocabulary) for tokenizers used by one
-thread; kept, because telling those processes apart relies on vLLM internals that change, and a
+The engine core and workers of 0.17 - 0.20 build InputProcessingContexts too, and their
+tokenizers are pooled: N + 1 deep copies per process (about 27 MB and 0.5 s each at a 151k
+vocabulary) for one thread. Telling those processes apart needs vLLM internals that change, and a
 wrong guess would leave the API server unprotected.
 """
 

@@ -41,7 +41,7 @@ from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.autoscaling import starts
 from vlm_operator.autoscaling.budget import GpuBudget, placement
-from vlm_operator.desired import children
+from vlm_operator.desired import children, stopping
 from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache, Stale
 from vlm_operator.k8s.kube import Kube, now_iso
@@ -260,7 +260,7 @@ class Autoscaler:
         state.wrote_over = seen
         for pod in plan.delete:  # drained (or the drain limit passed): nothing to wait for
             self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod),
-                             grace_s=children.QUICK_GRACE_S)
+                             grace_s=stopping.QUICK_GRACE_S)
         target = current - len(plan.delete)
         self.kube.scale_vlmd(ns, name, target)
         metrics.AUTOSCALER_SCALES.labels(ns, name, "down").inc()

@@ -42,7 +42,8 @@ from typing import NamedTuple
 from vlm_operator.api.names import DRAIN_SINCE
 from vlm_operator.api.validation import with_defaults
 from vlm_operator.desired.autoscaler_objects import KV_HIGH
-from vlm_operator.desired.children import DRAIN_LIMIT_S, IN_SERVICE_LABEL
+from vlm_operator.desired.children import IN_SERVICE_LABEL
+from vlm_operator.desired.stopping import DRAIN_LIMIT_S
 
 TOLERANCE = 0.2
 FAST_FACTOR = 1.5

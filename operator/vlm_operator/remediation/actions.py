@@ -2,7 +2,7 @@
 decides nothing (remediation/decide.py and steps.py did).
 
 Deletions: a pod that serves nothing, or that the operator drained itself, is deleted with a
-short grace period (children.QUICK_GRACE_S); a pod that still serves (a Restart) with its own,
+short grace period (stopping.QUICK_GRACE_S); a pod that still serves (a Restart) with its own,
 during which its preStop hook lets its requests finish.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api.names import ACTED_UNTIL, FENCE, RECOVERED_IN_PLACE, RESTART_REQUEST
-from vlm_operator.desired import children
+from vlm_operator.desired import children, stopping
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import (
@@ -36,12 +36,12 @@ def restart(kube: Kube, namespace: str, *, pod: str, uid: str, serves: bool) -> 
     """Delete the pod for its ReplicaSet to make a fresh one; one that still serves keeps its
     grace period (its preStop drains it). False: it was gone already."""
     return kube.delete("v1", "Pod", namespace, pod, uid=uid,
-                       grace_s=None if serves else children.QUICK_GRACE_S)
+                       grace_s=None if serves else stopping.QUICK_GRACE_S)
 
 
 def delete_quickly(kube: Kube, namespace: str, *, pod: str, uid: str) -> bool:
     """Delete a pod that serves nothing, or was drained: a short grace period."""
-    return kube.delete("v1", "Pod", namespace, pod, uid=uid, grace_s=children.QUICK_GRACE_S)
+    return kube.delete("v1", "Pod", namespace, pod, uid=uid, grace_s=stopping.QUICK_GRACE_S)
 
 
 def take_out_of_service(kube: Kube, namespace: str, pod: dict | None) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from vlm_operator.desired import children
+from vlm_operator.desired import children, stopping
 from vlm_operator.k8s.pods import parse_time
 from vlm_operator.remediation.incidents import InFlight
 
-DRAIN_MIN_S = float(children.ENDPOINTS_LAG_S)  # for the endpoints to drop a pod taken out
+DRAIN_MIN_S = float(stopping.ENDPOINTS_LAG_S)  # for the endpoints to drop a pod taken out
 DRAIN_TIMEOUT_S = 60.0
 # A replacement gets as long as the startup probe gives a model load (children.py), plus the
 # time to schedule it: after that the surge is given up and the incident held.

@@ -1,18 +1,12 @@
 """Builders: every field of the desired Deployment, Service, PDB and PVC."""
 
 import json
-import subprocess
-import sys
-import threading
-import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from vlm_operator.api import crd
 from vlm_operator.api.validation import parse
-from vlm_operator.desired import children
+from vlm_operator.desired import children, stopping
 
 
 def vlmd(uid=None, **spec):
@@ -269,80 +263,12 @@ def test_pdb_lets_unhealthy_pods_go_only_where_the_apiserver_has_the_field():
 def test_termination_lets_requests_finish():
     pod = children.get_deployment(vlmd())["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python3", "-c", stopping.PRESTOP_SCRIPT]
     # the grace period holds the preStop's longest drain and vLLM's stop after it
-    assert pod["terminationGracePeriodSeconds"] == children.DRAIN_LIMIT_S + children.STOP_S
-    assert env_of(vlmd())[children.POD_IP_ENV]["valueFrom"] == {
+    assert pod["terminationGracePeriodSeconds"] == stopping.DRAIN_LIMIT_S + stopping.STOP_S
+    assert env_of(vlmd())[stopping.POD_IP_ENV]["valueFrom"] == {
         "fieldRef": {"fieldPath": "status.podIP"}}
-
-
-class FakeEngine:
-    """vLLM's /health and /metrics on a loopback address of its own, as the preStop sees them."""
-
-    def __init__(self, running=0.0, metrics_status=200):
-        self.running, self.metrics_status = running, metrics_status
-        self.ip = f"127.66.{uuid.uuid4().int % 200 + 1}.{uuid.uuid4().int % 200 + 2}"
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                """quiet"""
-
-            def do_GET(self):
-                status, body = 200, b""
-                if self.path == "/metrics":
-                    status = engine.metrics_status
-                    body = ('vllm:num_requests_running{engine="0",model_name="m x"} '
-                            f'{engine.running}\nvllm:num_requests_waiting{{engine="0"}} 0.0\n'
-                            ).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer((self.ip, children.PORT), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def pre_stop(ip):
-    command = container(vlmd())["lifecycle"]["preStop"]["exec"]["command"]
-    return subprocess.Popen([sys.executable, *command[1:]], env={children.POD_IP_ENV: ip})
-
-
-def test_pre_stop_returns_at_once_for_a_pod_that_serves_nothing():
-    started = time.monotonic()
-    assert pre_stop("127.66.250.250").wait(10) == 0  # nothing listens: /health fails
-    assert time.monotonic() - started < children.ENDPOINTS_LAG_S
-
-
-def test_pre_stop_waits_for_the_requests_in_flight():
-    engine = FakeEngine(running=2)
-    try:
-        started = time.monotonic()
-        proc = pre_stop(engine.ip)
-        time.sleep(children.ENDPOINTS_LAG_S + 2)
-        assert proc.poll() is None, "returned with requests in flight"
-        engine.running = 0
-        assert proc.wait(10) == 0
-        assert time.monotonic() - started >= children.ENDPOINTS_LAG_S + 2
-    finally:
-        engine.stop()
-
-
-def test_pre_stop_takes_an_unreadable_load_as_busy_not_idle():
-    engine = FakeEngine(metrics_status=500)
-    try:
-        proc = pre_stop(engine.ip)
-        time.sleep(children.ENDPOINTS_LAG_S + 2)
-        assert proc.poll() is None
-        engine.metrics_status = 200
-        assert proc.wait(10) == 0
-    finally:
-        engine.stop()
 
 
 def test_owner_references_only_when_uid_known():

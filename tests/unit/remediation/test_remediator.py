@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vlm_operator.desired import children
+from vlm_operator.desired import children, stopping
 from vlm_operator.engine import reader
 from vlm_operator.metrics import REMEDIATIONS, REMEDIATIONS_SKIPPED
 from vlm_operator.remediation import steps
@@ -84,7 +84,7 @@ def test_a_pod_that_serves_nothing_is_restarted_with_a_short_grace():
     rem = remediator(kube, [])
     rem.incident(NS, "dead", storm("uid-a", "a"))
     assert [c for c in kube.calls if c[0] == "delete"] == [
-        ("delete", "Pod", NS, "a", children.QUICK_GRACE_S)]
+        ("delete", "Pod", NS, "a", stopping.QUICK_GRACE_S)]
 
 
 def test_a_held_action_records_its_reason_and_makes_no_call():
@@ -147,7 +147,7 @@ def test_a_replace_takes_its_steps_in_order():
     assert acts == [
         ("post_event", "PodReplacing"),
         ("patch_pod", {children.IN_SERVICE_LABEL: "false"}),
-        ("delete", children.QUICK_GRACE_S),
+        ("delete", stopping.QUICK_GRACE_S),
         ("post_event", "PodReplaced"),
     ]
     assert [c[3] for c in kube.calls if c[0] == "delete"] == ["sick"]

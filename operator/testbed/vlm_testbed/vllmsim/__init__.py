@@ -6,7 +6,7 @@ connections while the engine loads, /health, /metrics gauges under load, and the
 real releases (shapes copied from the logs in shared/data/vllm-logs). Faults are injected by
 env at start (VLM_SIM_FAULT) or at run time with POST /sim/fault on the serving port. On SIGTERM
 it exits at once, cutting the requests in flight: the pessimistic case (what a real server does
-with them depends on its version), which the pod's preStop hook (builders.PRESTOP_SCRIPT) is
+with them depends on its version), which the pod's preStop hook (desired.stopping.PRESTOP_SCRIPT) is
 there to make moot.
 
 Usage: python -m vlm_testbed.vllmsim <model> [vLLM serve flags...]   (unknown flags ignored)
