@@ -48,8 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Side by side (pytest-xdist, `-n N --dist loadscope`), each worker is a pytest session of
-    its own: its own control plane, session operator and Prometheus, and its own loopback pod
-    network, VLM_TESTBED_POD_NET plus the worker's number (gw0, gw1, ...)."""
+    its own: its own control plane and session operator, and its own loopback pod network,
+    VLM_TESTBED_POD_NET plus the worker's number (gw0, gw1, ...)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and os.environ.get("VLM_TESTBED_POD_NET"):
         os.environ["VLM_TESTBED_POD_NET"] = str(
