@@ -66,6 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 INDEPENDENT_MODULES = frozenset({"test_failure_matrix.py"})
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With `-n N --dist loadscope`: a module's tests go to one worker (they share its fixtures
     and run in their written order), while the tests of INDEPENDENT_MODULES (the failure
