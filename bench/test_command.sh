@@ -19,6 +19,8 @@ if (( wipe )); then
   echo "[test-command] removing ~/.cache, ~/.npm and the test bed's Debian packages"
   rm -rf "$HOME/.cache" "$HOME/.npm"
   SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
+  # hack/install-deps.sh's PKGS less those a Debian 12 image ships (dpkg-dev, openssl, make,
+  # xz-utils: removing them would take more than the test command ever installed)
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -q golang-go etcd-server rsync \
     golang-github-modern-go-reflect2-dev prometheus iptables >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get autoremove -y -q >/dev/null

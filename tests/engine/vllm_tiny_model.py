@@ -341,7 +341,7 @@ BUILDERS = {
     "qwen2-vl": write_qwen2_vl,
     "qwen2-vl-151k": lambda path: write_qwen2_vl(path, vocab_size=151_000),
     # prompts up to 64k tokens, and 8 layers so that one such prefill takes well over 10 s
-    # (stallSeconds' minimum) on one fast core: about 9 s per 2 layers on a 2026 Xeon core
+    # (stallSeconds' minimum) on one fast core: 8.7 s per 2 layers on a 2-core AMD EPYC machine
     "qwen2-vl-long": lambda path: write_qwen2_vl(path, max_positions=65536, layers=8),
     # about 1.2 GB of float32 weights (24 layers of a 32768-wide MLP): a download and a load
     # that take measurable time, for bench/real_vllm_starts.py
