@@ -1,7 +1,11 @@
-"""The operator when the real kube-apiserver goes away: stopped for 30 s, then frozen
-with SIGSTOP for 30 s (its connections stay open and nothing answers: the half-open case), each
-while a replacement of a sick pod is in flight and Builtin autoscaling is scaling. The operator
-must recover by itself, lose no incident, act once per incident, and stay up.
+"""The operator when the control plane fails it:
+- the real kube-apiserver stopped for 30 s, then frozen with SIGSTOP for 30 s (its connections
+  stay open and nothing answers: the half-open case), each while a replacement of a sick pod is
+  in flight and Builtin autoscaling is scaling. The operator must recover by itself, lose no
+  incident, act once per incident, and stay up;
+- kube-controller-manager lagging (frozen) while a replacement's sick pod is deleted: the
+  replicas drop only once its ReplicaSet has seen the pod go, so it never removes the
+  replacement in the sick pod's place.
 
 A control plane of its own: stopping the session's apiserver would pull it from under every
 other test. Recovery times are printed (bench material), never asserted.
@@ -13,6 +17,7 @@ import time
 import uuid
 
 import pytest
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from vlm_operator.api import crd
@@ -21,6 +26,9 @@ from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, b
 from vlm_testbed.failure_matrix import Bed, healthy, instance, is_ready
 
 OUTAGE_S = 30
+# How long the surge must outlast the sick pod while the ReplicaSet cannot have seen it go (an
+# operator that does not wait lowers the replicas within a step, about a second).
+HELD_S = 8
 LOADING = [{"name": "VLM_SIM_STARTUP_SECONDS", "value": "8"}]  # a replacement loads a while
 SCALING = {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "target": 5,
            "scaleDownDelaySeconds": 0}
@@ -73,7 +81,7 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     back = time.monotonic()
     assert op.proc.poll() is None, "the operator exited while the apiserver was down"
     replaced = bed.wait("the sick pod replaced", lambda: bed.events("inc")["PodReplaced"] == 1
-                        and serving(bed, "inc", 1, {instance(sick)}), timeout=240)
+                        and replacement(bed, "inc", {instance(sick)}), timeout=240)
     times["stop: replacement done"] = time.monotonic() - back
     bed.wait("3 replicas serving", lambda: len(serving(bed, "scale", 3, set())) >= 3,
              timeout=240)
@@ -88,13 +96,13 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
     bed.wait("a second replacement in flight", lambda: bed.events("inc")["PodReplacing"] == 2)
     bed.fault(first, {"fault": "clear"})
     unanswered = metric(op.metrics(), "vlm_operator_api_requests_total", code="none")
-    plane.freeze_apiserver()
+    plane.freeze()
     try:
         time.sleep(OUTAGE_S)
         # calls into the frozen apiserver ended at their deadline rather than hanging
         frozen = metric(op.metrics(), "vlm_operator_api_requests_total", code="none")
     finally:
-        plane.thaw_apiserver()
+        plane.thaw()
     back = time.monotonic()
     assert frozen > unanswered, "no call gave up on the frozen apiserver"
     assert op.proc.poll() is None, "the operator exited while the apiserver was frozen"
@@ -127,8 +135,45 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
           {k: round(v, 1) for k, v in times.items()})
 
 
+def test_replicas_drop_only_once_the_replicaset_saw_the_sick_pod_go(plane):
+    api = api_client_from_kubeconfig(plane.kubeconfig)
+    with Bed.new(api, plane.kubeconfig, f"counted-{uuid.uuid4().hex[:6]}") as bed:
+        op = bed.operator()
+        try:
+            lagging_controller_manager(bed, plane, op)
+        except BaseException:
+            print(op.log()[-6000:])
+            raise
+
+
+def lagging_controller_manager(bed: Bed, plane: ControlPlane, op) -> None:
+    bed.nodes(gpus_per_node=3)
+    bed.create("rep", replicas=1)
+    (sick,) = bed.wait_ready("rep", 1)
+    bed.fault(sick, {"fault": "tokenizer_retry", "rate": 20})
+    (new,) = bed.wait("the replacement serving", lambda: serving(bed, "rep", 1, {instance(sick)}))
+    assert deployment_replicas(bed, "rep") == 2  # the surge
+    plane.freeze("kube-controller-manager")  # its ReplicaSet keeps counting the sick pod
+    try:
+        bed.wait("the sick pod drained, deleted and gone", lambda: all(
+            p.metadata.uid != sick.metadata.uid for p in bed.pods("rep")))
+        dropped = bed.holds(lambda: deployment_replicas(bed, "rep") < 2, HELD_S)
+    finally:
+        plane.thaw("kube-controller-manager")
+    assert not dropped, "the replicas dropped while the ReplicaSet still counted the sick pod"
+    bed.wait("the surge ended, the replacement kept", lambda: deployment_replicas(
+        bed, "rep") == 1 and [p.metadata.uid for p in bed.pods("rep")
+                              if not p.metadata.deletion_timestamp] == [new.metadata.uid])
+    assert healthy(new.status.pod_ip)
+    assert f"{sick.metadata.name} has left, but Deployment rep still counts 2" in op.log()
+
+
+def deployment_replicas(bed: Bed, name: str) -> int:
+    return client.AppsV1Api(bed.api).read_namespaced_deployment(name, bed.ns).spec.replicas
+
+
 def deletions(op, pod) -> int:
-    """Times the operator logged deleting this pod for a replacement (remediation/remediator.py)."""
+    """Times the operator logged deleting this pod for a replacement (remediation/in_flight.py)."""
     return op.log().count(f": deleted {pod.metadata.name}: ")
 
 
@@ -137,3 +182,15 @@ def serving(bed: Bed, name: str, n: int, faulted: set) -> list:
     pods = [p for p in bed.pods(name) if is_ready(p) and instance(p) not in faulted
             and healthy(p.status.pod_ip)]
     return pods if len(pods) >= n else []
+
+
+def replacement(bed: Bed, name: str, faulted: set) -> list:
+    """The one pod of a one-replica VLMDeployment once its replacement is over: the surge
+    ended (spec.replicas 1), one pod not being deleted, serving, not a faulted instance. Until
+    then the ReplicaSet may hold a pod it made when the sick pod went and removes once the
+    replicas drop: that one is no replacement."""
+    if deployment_replicas(bed, name) != 1:
+        return []
+    if len([p for p in bed.pods(name) if not p.metadata.deletion_timestamp]) != 1:
+        return []
+    return serving(bed, name, 1, faulted)

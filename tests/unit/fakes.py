@@ -32,6 +32,9 @@ class FakeKube:
         self.pods: dict[str, list[dict]] = {}  # namespace -> pods
         self.calls: list[tuple] = []
         self.pdb_unhealthy_pod_eviction = False
+        # replicas a VLMDeployment's Deployment status counts, where a test sets it; else its
+        # active pods (the kube-controller-manager keeping up)
+        self.counted: dict[tuple[str, str], int] = {}
         self._versions = itertools.count(1)
 
     # -- the store
@@ -69,6 +72,23 @@ class FakeKube:
         self.calls.append(("get_vlmd", namespace, name))
         body = self.vlmds.get((namespace, name))
         return copy.deepcopy(body) if body is not None else None
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        """A VLMDeployment's Deployment (the only object the actors read this way)."""
+        self.calls.append(("get", kind, namespace, name))
+        body = self.vlmds.get((namespace, name))
+        if kind != "Deployment" or body is None:
+            return None
+        active = sum(1 for p in self.pods.get(namespace, [])
+                     if p["metadata"]["labels"].get(names.INSTANCE_LABEL) == name
+                     and not p["metadata"].get("deletionTimestamp"))
+        return {"apiVersion": api_version, "kind": kind,
+                "metadata": {"name": name, "namespace": namespace, "generation": 2,
+                             "ownerReferences": [{"kind": names.KIND, "name": name,
+                                                  "uid": body["metadata"]["uid"],
+                                                  "controller": True}]},
+                "status": {"observedGeneration": 2,
+                           "replicas": self.counted.get((namespace, name), active)}}
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         self.calls.append(("list_pods", namespace, selector))

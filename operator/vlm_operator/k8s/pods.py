@@ -33,6 +33,13 @@ def not_ready(pod: Mapping) -> bool:
         ready_condition(pod).get("status") == "False"
 
 
+def is_active(pod: Mapping) -> bool:
+    """What a ReplicaSet counts in status.replicas and keeps spec.replicas of: a pod not being
+    deleted and not finished (phase Succeeded or Failed)."""
+    return not pod["metadata"].get("deletionTimestamp") and \
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 def container_status(pod: Mapping) -> dict:
     """The status of the pod's vllm container; {} before it has one."""
     return next((c for c in (pod.get("status") or {}).get("containerStatuses") or []

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
-from vlm_operator.k8s.pods import is_running, parse_time
+from vlm_operator.k8s.pods import is_active, is_running, parse_time
 from vlm_operator.remediation import actions, drains, events, guards, steps
 from vlm_operator.remediation.incidents import (
     NODE_DRAIN,
@@ -49,6 +49,8 @@ class InFlightDriver:
         self.kube = rem.kube
         self._lock = threading.Lock()
         self._running: set[str] = set()  # pod uids with a thread driving their action
+        # pod uid -> when its pod was first seen gone while its Deployment still counted it
+        self._uncounted: dict[str, float] = {}
 
     def drive(self, namespace: str, name: str, uid: str) -> None:
         with self._lock:
@@ -91,10 +93,41 @@ class InFlightDriver:
         now = time.time()
         if not present and not steps.settled(pod, now):
             return False  # terminating: the count drops once the ReplicaSet saw it go
+        lowers = record.action == SCALE_DOWN or record.surge  # spec.replicas drops at the end
+        if not present and lowers and not self._counted_out(namespace, name, body, record,
+                                                            pods, now):
+            return False
         at = _At(namespace, name, owner, body, record, pods, pod, present, now)
         if record.action == SCALE_DOWN:
             return self._scale_down_step(at)
         return self._replace_step(at)
+
+    def _counted_out(self, namespace: str, name: str, body: dict, record: InFlight,
+                     pods: list[dict], now: float) -> bool:
+        """The action's pod has left: whether the replicas may drop now (steps.counted_out),
+        or steps.COUNTED_WAIT_S passed since this process first saw it gone and still counted.
+        Read afresh at each step, so a fresh operator process waits the same way."""
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        if deployment is not None and not children.is_controlled_by(
+                deployment, body["metadata"].get("uid")):
+            deployment = None  # another app's: its count says nothing about our pods
+        active = sum(1 for p in pods if is_active(p))
+        if steps.counted_out(deployment, active):
+            self._uncounted.pop(record.uid, None)
+            return True
+        first = self._uncounted.setdefault(record.uid, now)
+        counted = ((deployment or {}).get("status") or {}).get("replicas", "unknown")
+        if first == now:
+            log.info("%s/%s: %s has left, but Deployment %s still counts %s replicas for %d "
+                     "active pods: its replicas drop once the ReplicaSet has seen it go",
+                     namespace, name, record.pod, name, counted, active)
+        if now - first < steps.COUNTED_WAIT_S:
+            return False
+        log.warning("%s/%s: Deployment %s still counts %s replicas for %d active pods %.0f s "
+                    "after %s left (is kube-controller-manager running?): lowering its replicas "
+                    "anyway", namespace, name, name, counted, active, now - first, record.pod)
+        self._uncounted.pop(record.uid, None)
+        return True
 
     def _replace_step(self, at: _At) -> bool:
         rem, owner, record, pods, pod, now = at.rem_args(self)

@@ -68,6 +68,29 @@ def settled(pod: Mapping | None, now: float, settle_s: float = SETTLE_S) -> bool
     return deadline is not None and now >= deadline + settle_s
 
 
+# How long a departed pod may stay counted by the Deployment's controllers before the replicas
+# drop anyway: a kube-controller-manager that is down builds its caches from fresh lists when
+# it returns, so lowering then cannot remove the wrong pod.
+COUNTED_WAIT_S = 120.0
+
+
+def counted_out(deployment: Mapping | None, active: int) -> bool:
+    """Whether the Deployment's controllers have seen the action's pod go, so lowering
+    spec.replicas now removes no pod that serves: its status (written by the ReplicaSet and
+    Deployment controllers from their caches, for its current spec) counts no more replicas
+    than the `active` pods the cluster holds. A ReplicaSet whose pod cache still holds the
+    departed pod (its watch resumes late after an apiserver outage, or it is busy) would count
+    one pod too many and, with both Ready, remove the one Ready the shortest: the replacement.
+    None (the Deployment unread) is not evidence."""
+    if deployment is None:
+        return False
+    status = deployment.get("status") or {}
+    generation = (deployment.get("metadata") or {}).get("generation", 0)
+    if status.get("observedGeneration", 0) < generation:
+        return False
+    return int(status.get("replicas") or 0) <= active
+
+
 def scale_down_step(*, present: bool, serving: bool, running: float | None, since: float,
                     now: float, timeout_s: float = DRAIN_TIMEOUT_S,
                     min_drain_s: float = DRAIN_MIN_S) -> Step:

@@ -17,7 +17,9 @@ from vlm_operator.remediation.incidents import (
     HISTORY,
     IN_FLIGHT,
     REPLACE,
+    SCALE_DOWN,
     Incident,
+    InFlight,
     in_flight_value,
     parse_in_flight,
 )
@@ -152,3 +154,68 @@ def test_a_replace_takes_its_steps_in_order():
     ]
     assert [c[3] for c in kube.calls if c[0] == "delete"] == ["sick"]
     assert [p["metadata"]["name"] for p in kube.pods[NS]] == ["new"]
+
+
+def test_a_scale_down_lowers_the_replicas_only_once_the_deployment_counts_its_pod_out(
+        monkeypatch):
+    """The pod is gone but the Deployment still counts it (the ReplicaSet's cache has not seen
+    it go): lowering spec.replicas now would make the ReplicaSet remove a pod that serves. The
+    replicas drop once the count agrees, and after steps.COUNTED_WAIT_S at the latest."""
+    kube = FakeKube()
+    kube.add_vlmd(NS, "down", replicas=3)
+    for name in ("a", "b"):  # "c", drained and deleted, has left
+        kube.add_pod(NS, name, owner="down")
+    record = InFlight(SCALE_DOWN, "c", "uid-c", "load", time.time() - 30, time.time() - 30, 3)
+    kube.vlmds[(NS, "down")]["metadata"]["annotations"][IN_FLIGHT] = in_flight_value(
+        {"uid-c": record})
+    published = []
+    rem = remediator(kube, published)
+    owner = rem.owner(NS, "down")
+
+    def step() -> bool:
+        with owner.lock:
+            return rem.in_flight.step(NS, "down", owner, "uid-c")
+
+    kube.counted[(NS, "down")] = 3
+    assert not step() and not step()
+    assert not [w for w in kube.writes() if w[0] in ("scale_vlmd", "patch_vlmd_annotations")]
+    assert "uid-c" in parse_in_flight(kube.vlmds[(NS, "down")]["metadata"]["annotations"])
+    kube.counted[(NS, "down")] = 2  # the ReplicaSet saw it go
+    assert step()
+    assert [w for w in kube.writes() if w[0] == "scale_vlmd"] == [
+        ("scale_vlmd", NS, "down", 2)]
+    assert parse_in_flight(kube.vlmds[(NS, "down")]["metadata"]["annotations"]) == {}
+    assert published == ["down"]
+
+    # a count that never agrees (kube-controller-manager down) holds the action only so long
+    kube.vlmds[(NS, "down")]["metadata"]["annotations"][IN_FLIGHT] = in_flight_value(
+        {"uid-c": dataclasses.replace(record, replicas=2)})
+    kube.counted[(NS, "down")] = 3
+    monkeypatch.setattr(steps, "COUNTED_WAIT_S", 0.0)
+    assert step()
+    assert [w[3] for w in kube.writes() if w[0] == "scale_vlmd"] == [2, 1]
+
+
+def test_a_replace_keeps_its_surge_until_the_deployment_counts_the_sick_pod_out():
+    kube = FakeKube()
+    kube.add_vlmd(NS, "rep", replicas=1)
+    kube.add_pod(NS, "new", owner="rep")  # the replacement; the sick pod was deleted
+    record = InFlight(REPLACE, "sick", "uid-sick", "tokenizer_retry", time.time() - 60,
+                      time.time() - 60, 1, before=("uid-sick",), replacement="uid-new",
+                      drain_since=time.time() - 20)
+    annotations = kube.vlmds[(NS, "rep")]["metadata"]["annotations"]
+    annotations[IN_FLIGHT] = in_flight_value({"uid-sick": record})
+    published = []
+    rem = remediator(kube, published)
+    owner = rem.owner(NS, "rep")
+
+    def step() -> bool:
+        with owner.lock:
+            return rem.in_flight.step(NS, "rep", owner, "uid-sick")
+
+    kube.counted[(NS, "rep")] = 2  # the sick pod and the replacement, as before the deletion
+    assert not step()
+    assert "uid-sick" in parse_in_flight(annotations) and not published  # the surge stays
+    del kube.counted[(NS, "rep")]
+    assert step()
+    assert parse_in_flight(annotations) == {} and published == ["rep"]  # the surge ends

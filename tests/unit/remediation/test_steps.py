@@ -108,3 +108,23 @@ def test_an_action_ends_only_once_its_pod_has_left():
     assert not settled(terminating, at + SETTLE_S - 1)
     assert settled(terminating, at + SETTLE_S)
     assert not settled({"metadata": {"name": "p"}}, at + 3600)  # not deleted at all
+
+
+def deployment(replicas: int, *, observed: int = 4, generation: int = 4) -> dict:
+    return {"metadata": {"name": "vl", "generation": generation},
+            "status": {"observedGeneration": observed, "replicas": replicas}}
+
+
+@pytest.mark.parametrize("found, active, expected", [
+    (deployment(2), 1, False),  # its controllers still count the pod that left
+    (deployment(1), 1, True),  # they saw it go
+    (deployment(2), 2, True),  # ... and the ReplicaSet already made a pod in its place
+    (deployment(0), 1, True),
+    (deployment(1, observed=3), 1, False),  # a status older than the spec says nothing
+    ({"metadata": {"generation": 1}}, 1, False),  # no status yet
+    (None, 1, False),  # unread: not evidence
+])
+def test_replicas_drop_only_once_the_deployment_counts_the_pod_out(found, active, expected):
+    from vlm_operator.remediation.steps import counted_out
+
+    assert counted_out(found, active) is expected

@@ -79,7 +79,7 @@ class ControlPlane:
         """Components that exited, with their exit codes (empty while all run)."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
-    # -- faults: the real apiserver stopped, restarted, frozen
+    # -- faults: the real apiserver stopped, restarted, frozen; another component frozen
     @property
     def apiserver_pid(self) -> int:
         return self.procs["kube-apiserver"].pid
@@ -95,13 +95,14 @@ class ControlPlane:
         self._wait("kube-apiserver", lambda: _https_ok(f"{self.server}/readyz", self._admin_ctx),
                    self.start_timeout_s)
 
-    def freeze_apiserver(self) -> None:
+    def freeze(self, component: str = "kube-apiserver") -> None:
         """SIGSTOP: its connections stay open and nothing answers, as with a half-open
-        connection to an apiserver that vanished."""
-        os.killpg(self.apiserver_pid, signal.SIGSTOP)
+        connection to an apiserver that vanished; a frozen kube-controller-manager's caches
+        and statuses stay as they were, as those of one that lags."""
+        os.killpg(self.procs[component].pid, signal.SIGSTOP)
 
-    def thaw_apiserver(self) -> None:
-        os.killpg(self.apiserver_pid, signal.SIGCONT)
+    def thaw(self, component: str = "kube-apiserver") -> None:
+        os.killpg(self.procs[component].pid, signal.SIGCONT)
 
     def user_kubeconfig(self, user: str, groups: Sequence[str] = ("system:masters",)) -> Path:
         """A kubeconfig of its own for `user` (e.g. so the audit log tells its requests
