@@ -50,16 +50,22 @@ def stalled(bed: Bed, name: str) -> dict:
     return bed.condition(name, "OperatorStalled")
 
 
-def test_apiserver_stopped_then_frozen(plane):
+def in_bed(plane: ControlPlane, prefix: str, scenario) -> None:
+    """scenario(bed, plane, op) in a namespace of its own with an operator of its own, whose
+    log is printed when it fails."""
     api = api_client_from_kubeconfig(plane.kubeconfig)
-    with Bed.new(api, plane.kubeconfig, f"faults-{uuid.uuid4().hex[:6]}") as bed:
+    with Bed.new(api, plane.kubeconfig, f"{prefix}-{uuid.uuid4().hex[:6]}") as bed:
         op = bed.operator()
         try:
-            run(bed, plane, op)
+            scenario(bed, plane, op)
         except BaseException:
             print(op.log()[-6000:])
             raise
         print("operator log, last lines:", op.log()[-2000:], sep="\n")
+
+
+def test_apiserver_stopped_then_frozen(plane):
+    in_bed(plane, "faults", run)
 
 
 def run(bed: Bed, plane: ControlPlane, op) -> None:
@@ -136,14 +142,7 @@ def run(bed: Bed, plane: ControlPlane, op) -> None:
 
 
 def test_replicas_drop_only_once_the_replicaset_saw_the_sick_pod_go(plane):
-    api = api_client_from_kubeconfig(plane.kubeconfig)
-    with Bed.new(api, plane.kubeconfig, f"counted-{uuid.uuid4().hex[:6]}") as bed:
-        op = bed.operator()
-        try:
-            lagging_controller_manager(bed, plane, op)
-        except BaseException:
-            print(op.log()[-6000:])
-            raise
+    in_bed(plane, "counted", lagging_controller_manager)
 
 
 def lagging_controller_manager(bed: Bed, plane: ControlPlane, op) -> None:

@@ -53,6 +53,16 @@ def remediator(kube: FakeKube, published: list, **kw) -> Remediator:
     return rem
 
 
+def stepper(rem: Remediator, name: str, uid: str):
+    """One step of the action in flight on pod `uid`, as its thread takes it; True when done."""
+    owner = rem.owner(NS, name)
+
+    def step() -> bool:
+        with owner.lock:
+            return rem.in_flight.step(NS, name, owner, uid)
+    return step
+
+
 def test_a_restart_deletes_the_pod_once_per_incident():
     kube = FakeKube()
     kube.add_vlmd(NS, "restart", replicas=3)
@@ -121,14 +131,10 @@ def test_a_replace_takes_its_steps_in_order():
     published = []
     rem = remediator(kube, published, replica_fits=lambda vlmd, pending: True)
     rem.incident(NS, "rep", storm("uid-sick", "sick"))
-    owner = rem.owner(NS, "rep")
     record = parse_in_flight(kube.vlmds[(NS, "rep")]["metadata"]["annotations"])["uid-sick"]
     assert (record.action, record.surge) == (REPLACE, True)
     assert not [c for c in kube.calls if c[0] == "delete"]  # a replacement comes first
-
-    def step() -> bool:
-        with owner.lock:
-            return rem.in_flight.step(NS, "rep", owner, "uid-sick")
+    step = stepper(rem, "rep", "uid-sick")
 
     written = len(kube.writes())
     assert not step()  # no replacement yet: waits
@@ -169,12 +175,7 @@ def test_a_scale_down_lowers_the_replicas_only_once_the_deployment_counts_its_po
     kube.vlmds[(NS, "down")]["metadata"]["annotations"][IN_FLIGHT] = in_flight_value(
         {"uid-c": record})
     published = []
-    rem = remediator(kube, published)
-    owner = rem.owner(NS, "down")
-
-    def step() -> bool:
-        with owner.lock:
-            return rem.in_flight.step(NS, "down", owner, "uid-c")
+    step = stepper(remediator(kube, published), "down", "uid-c")
 
     kube.counted[(NS, "down")] = 3
     assert not step() and not step()
@@ -206,12 +207,7 @@ def test_a_replace_keeps_its_surge_until_the_deployment_counts_the_sick_pod_out(
     annotations = kube.vlmds[(NS, "rep")]["metadata"]["annotations"]
     annotations[IN_FLIGHT] = in_flight_value({"uid-sick": record})
     published = []
-    rem = remediator(kube, published)
-    owner = rem.owner(NS, "rep")
-
-    def step() -> bool:
-        with owner.lock:
-            return rem.in_flight.step(NS, "rep", owner, "uid-sick")
+    step = stepper(remediator(kube, published), "rep", "uid-sick")
 
     kube.counted[(NS, "rep")] = 2  # the sick pod and the replacement, as before the deletion
     assert not step()
