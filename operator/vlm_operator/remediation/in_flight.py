@@ -78,6 +78,7 @@ class InFlightDriver:
         finally:
             with self._lock:
                 self._running.discard(uid)
+                self._uncounted.pop(uid, None)
 
     def step(self, namespace: str, name: str, owner: Owner, uid: str) -> bool:
         """One step of the action on pod `uid`, chosen from the cluster as it is now; True when
