@@ -111,22 +111,24 @@ class InFlightDriver:
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         if deployment is not None and not children.is_controlled_by(
                 deployment, body["metadata"].get("uid")):
-            deployment = None  # another app's: its count says nothing about our pods
+            deployment = None  # another app's: no ReplicaSet of it holds our pods
         active = sum(1 for p in pods if is_active(p))
         if steps.counted_out(deployment, active):
             self._uncounted.pop(record.uid, None)
             return True
         first = self._uncounted.setdefault(record.uid, now)
-        counted = ((deployment or {}).get("status") or {}).get("replicas", "unknown")
+        status = deployment.get("status") or {}  # counted_out: None is counted out
+        seen = (f"Deployment {name} still counts {status.get('replicas', 0)} replicas "
+                f"(generation {status.get('observedGeneration', 0)} of "
+                f"{deployment['metadata'].get('generation', 0)}) for {active} active pods")
         if first == now:
-            log.info("%s/%s: %s has left, but Deployment %s still counts %s replicas for %d "
-                     "active pods: its replicas drop once the ReplicaSet has seen it go",
-                     namespace, name, record.pod, name, counted, active)
+            log.info("%s/%s: %s has left, but %s: its replicas drop once the ReplicaSet has "
+                     "seen it go", namespace, name, record.pod, seen)
         if now - first < steps.COUNTED_WAIT_S:
             return False
-        log.warning("%s/%s: Deployment %s still counts %s replicas for %d active pods %.0f s "
-                    "after %s left (is kube-controller-manager running?): lowering its replicas "
-                    "anyway", namespace, name, name, counted, active, now - first, record.pod)
+        log.warning("%s/%s: %.0f s after %s left, %s (is kube-controller-manager running?): "
+                    "lowering its replicas anyway", namespace, name, now - first, record.pod,
+                    seen)
         self._uncounted.pop(record.uid, None)
         return True
 

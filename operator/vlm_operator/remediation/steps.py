@@ -81,9 +81,10 @@ def counted_out(deployment: Mapping | None, active: int) -> bool:
     than the `active` pods the cluster holds. A ReplicaSet whose pod cache still holds the
     departed pod (its watch resumes late after an apiserver outage, or it is busy) would count
     one pod too many and, with both Ready, remove the one Ready the shortest: the replacement.
-    None (the Deployment unread) is not evidence."""
+    None (no Deployment of ours: no ReplicaSet that could remove a pod) is True; a Deployment
+    that could not be read never gets here (the step fails and is taken again)."""
     if deployment is None:
-        return False
+        return True
     status = deployment.get("status") or {}
     generation = (deployment.get("metadata") or {}).get("generation", 0)
     if status.get("observedGeneration", 0) < generation:

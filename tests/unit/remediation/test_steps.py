@@ -122,7 +122,7 @@ def deployment(replicas: int, *, observed: int = 4, generation: int = 4) -> dict
     (deployment(0), 1, True),
     (deployment(1, observed=3), 1, False),  # a status older than the spec says nothing
     ({"metadata": {"generation": 1}}, 1, False),  # no status yet
-    (None, 1, False),  # unread: not evidence
+    (None, 1, True),  # no Deployment of ours: no ReplicaSet to remove the wrong pod
 ])
 def test_replicas_drop_only_once_the_deployment_counts_the_pod_out(found, active, expected):
     from vlm_operator.remediation.steps import counted_out
