@@ -147,28 +147,31 @@ def test_replicas_drop_only_once_the_replicaset_saw_the_sick_pod_go(plane):
 
 def lagging_controller_manager(bed: Bed, plane: ControlPlane, op) -> None:
     bed.nodes(gpus_per_node=3)
-    bed.create("rep", replicas=1)
+    bed.create("rep", replicas=1, env=LOADING)  # the replacement loads a while
     (sick,) = bed.wait_ready("rep", 1)
     bed.fault(sick, {"fault": "tokenizer_retry", "rate": 20})
-    (new,) = bed.wait("the replacement serving", lambda: serving(bed, "rep", 1, {instance(sick)}))
-    assert deployment_replicas(bed, "rep") == 2  # the surge
+    # frozen once its ReplicaSet counts the replacement too, long before the sick pod can go
+    bed.wait("the surge counted", lambda: deployment(bed, "rep").status.replicas == 2)
     plane.freeze("kube-controller-manager")  # its ReplicaSet keeps counting the sick pod
     try:
+        (new,) = bed.wait("the replacement serving", lambda: serving(
+            bed, "rep", 1, {instance(sick)}))
         bed.wait("the sick pod drained, deleted and gone", lambda: all(
             p.metadata.uid != sick.metadata.uid for p in bed.pods("rep")))
-        dropped = bed.holds(lambda: deployment_replicas(bed, "rep") < 2, HELD_S)
+        dropped = bed.holds(lambda: deployment(bed, "rep").spec.replicas < 2, HELD_S)
     finally:
         plane.thaw("kube-controller-manager")
     assert not dropped, "the replicas dropped while the ReplicaSet still counted the sick pod"
-    bed.wait("the surge ended, the replacement kept", lambda: deployment_replicas(
-        bed, "rep") == 1 and [p.metadata.uid for p in bed.pods("rep")
-                              if not p.metadata.deletion_timestamp] == [new.metadata.uid])
+    bed.wait("the surge ended, the replacement kept", lambda: deployment(
+        bed, "rep").spec.replicas == 1 and [p.metadata.uid for p in bed.pods("rep")
+                                            if not p.metadata.deletion_timestamp] == [
+            new.metadata.uid])
     assert healthy(new.status.pod_ip)
     assert f"{sick.metadata.name} has left, but Deployment rep still counts 2" in op.log()
 
 
-def deployment_replicas(bed: Bed, name: str) -> int:
-    return client.AppsV1Api(bed.api).read_namespaced_deployment(name, bed.ns).spec.replicas
+def deployment(bed: Bed, name: str) -> client.V1Deployment:
+    return client.AppsV1Api(bed.api).read_namespaced_deployment(name, bed.ns)
 
 
 def deletions(op, pod) -> int:
@@ -188,7 +191,7 @@ def replacement(bed: Bed, name: str, faulted: set) -> list:
     ended (spec.replicas 1), one pod not being deleted, serving, not a faulted instance. Until
     then the ReplicaSet may hold a pod it made when the sick pod went and removes once the
     replicas drop: that one is no replacement."""
-    if deployment_replicas(bed, name) != 1:
+    if deployment(bed, name).spec.replicas != 1:
         return []
     if len([p for p in bed.pods(name) if not p.metadata.deletion_timestamp]) != 1:
         return []
