@@ -78,9 +78,11 @@ def delete_cr(api, ns, name):
 
 def health(**kw):
     """spec.health for the remediation tests: a retry storm is 3 lines within 60 s, acted on
-    with a Restart; `kw` overrides or adds fields."""
+    with a Restart; a pod that serves nothing is restarted as a new pod (NewPod), so these
+    tests see an action as the pod's deletion (the default, in-place recovery, is tested in
+    test_recovery_e2e.py and the failure matrix); `kw` overrides or adds fields."""
     return {"tokenizerRetry": {"threshold": 3, "windowSeconds": 60, "action": "Restart"},
-            "maxRestartsPerHour": 20, "minAvailable": 1, **kw}
+            "maxRestartsPerHour": 20, "minAvailable": 1, "recovery": "NewPod", **kw}
 
 
 def condition(obj, type_):

@@ -100,7 +100,8 @@ def scenario(api, cluster, operator, monitoring):
                                         "target": 5, "scaleDownDelaySeconds": 3600},
                            health={"engineDead": {"threshold": 1, "windowSeconds": 60,
                                                   "action": "Restart"},
-                                   "maxRestartsPerHour": 2, "minAvailable": 0}))
+                                   "maxRestartsPerHour": 2, "minAvailable": 0,
+                                   "recovery": "NewPod"}))  # restarts make fresh pods
         create(api, ns, cr(f"{NAME}-refused", replicas=1,
                            scheduling={"affinity": BOGUS_AFFINITY}))
 

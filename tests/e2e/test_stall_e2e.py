@@ -25,7 +25,9 @@ from vlm_testbed.failure_matrix import (
     prompt_tokens,
 )
 
-FAST = {"engineStalled": {"stallSeconds": 12, "canaryTimeoutSeconds": 4}}
+# NewPod: these tests see the restart of a hung engine as its pod's deletion (the default,
+# in-place recovery with the restart request, is tested in test_recovery_e2e.py)
+FAST = {"engineStalled": {"stallSeconds": 12, "canaryTimeoutSeconds": 4}, "recovery": "NewPod"}
 NO_PLUGIN = [{"name": "VLM_SIM_PATCHED", "value": "0"}]  # an image without the plugin
 
 

@@ -57,12 +57,12 @@ class Demo:
                            'jsonpath={.status.conditions[?(@.type=="Ready")].status}', show=False)
         return out.strip() == "True"
 
-    def restarted_by_operator(self, pod: dict) -> bool:
-        """The operator deleted this pod for its engine death (its Event), not the kubelet."""
+    def told(self, pod: dict, reason: str) -> bool:
+        """The operator posted an Event of this reason on this pod."""
         events = json.loads(self.kubectl("get", "events", "-o", "json", "--field-selector",
                                          f"involvedObject.name={pod['metadata']['name']}",
                                          show=False))["items"]
-        return any(e["reason"] == "PodRestarted" and
+        return any(e["reason"] == reason and
                    e.get("source", {}).get("component") == "vlm-operator" for e in events)
 
     def pod(self) -> dict:
@@ -116,11 +116,16 @@ def run(keep: bool) -> int:
                 headers={"Content-Type": "application/json"})
             killed = time.time()
             urllib.request.urlopen(request, timeout=5).read()
-            demo.wait("the operator's restart", lambda: demo.restarted_by_operator(pod),
-                      timeout=60)
-            say(f"the operator restarted the only replica itself (its PodRestarted Event, seen "
+            demo.wait("the operator's fence", lambda: demo.told(pod, "PodFenced"), timeout=60)
+            say(f"the operator fenced the pod (out of the Service; its PodFenced Event, seen "
                 f"{time.time() - killed:.1f} s after the engine died by this demo's 2-second "
-                "poll); the liveness probe alone takes up to 60 s")
+                "poll; the liveness probe alone takes up to 60 s); the kubelet restarts its "
+                "container in place, keeping the pod, its node and its caches")
+            demo.wait("the in-place recovery", lambda: demo.told(pod, "PodRecoveredInPlace"),
+                      timeout=180)
+            say(f"recovered in place {time.time() - killed:.1f} s after the engine died: the "
+                "same pod, its container restarted once, back in the Service")
+            demo.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={NAME}")
             demo.wait("Ready again", demo.ready, timeout=120)
             say("what the operator recorded")
             demo.kubectl("get", "events", "--sort-by=.lastTimestamp", "-o",

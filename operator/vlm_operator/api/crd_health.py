@@ -129,17 +129,18 @@ def health() -> s.Schema:
                 "PodDisruptionBudget's minAvailable.", default=1, minimum=0),
             "recovery": s.string(
                 "How a Restart recovers a pod that serves nothing (engine death, a hung "
-                "engine, an unresponsive API server). NewPod: the pod is deleted and its "
-                "ReplicaSet makes a new one (emptyDir caches lost, maybe another node). "
-                "InPlace: the pod leaves the Service at once (fenced), then the cheapest "
+                "engine, an unresponsive API server). InPlace (the default): the pod leaves "
+                "the Service at once (fenced), then the cheapest "
                 "rung that works: the kubelet's in-place container restart when vLLM exits "
                 "by itself, else a restart request the engine plugin acts on (projected "
                 "into the container, within about a minute), and a new pod only when those "
                 "fail, the kubelet's back-off is past a cold start or the node is suspect "
                 "(a GPU error in the pod's log, or the pod already recovered in place twice "
                 "in the last hour). A pod that still serves (tokenizer retries) is "
-                "restarted as with NewPod.",
-                default="NewPod", enum=["NewPod", "InPlace"]),
+                "restarted as with NewPod. NewPod: the pod is deleted and its ReplicaSet "
+                "makes a new one (emptyDir caches and the loaded weights lost, maybe another "
+                "node: a cold start).",
+                default="InPlace", enum=["InPlace", "NewPod"]),
         },
         default={},
     )

@@ -163,12 +163,16 @@ def test_a_fresh_operator_climbs_from_the_pods_annotation_alone(monkeypatch):
     assert len(history) == 1
 
 
-def test_new_pod_recovery_deletes_as_before():
+@pytest.mark.parametrize(("spec", "acts"), [
+    ({}, ["patch_pod"]),  # the default is InPlace: the fence, the kubelet restarts in place
+    ({"health": {"recovery": "NewPod"}}, ["delete"]),  # the explicit choice: a new pod
+])
+def test_the_default_recovers_in_place_and_new_pod_deletes(spec, acts):
     kube = FakeKube()
-    kube.add_vlmd(NS, "vl", replicas=1)  # recovery defaults to NewPod
+    kube.add_vlmd(NS, "vl", replicas=1, **spec)
     kube.add_pod(NS, "a", owner="vl")
     remediator(kube).incident(NS, "vl", death())
-    assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["delete"]
+    assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == acts
 
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered"

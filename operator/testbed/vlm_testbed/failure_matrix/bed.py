@@ -231,10 +231,17 @@ class Bed:
             r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r,
             timeout=self.ready_timeout_s)
 
-    def events(self, name: str) -> Counter:
-        items = self.core.list_namespaced_event(
+    def _events(self, name: str) -> list[Any]:
+        return [e for e in self.core.list_namespaced_event(
             self.ns, field_selector=f"involvedObject.name={name}").items
-        return Counter(e.reason for e in items if e.involved_object.kind == crd.KIND)
+            if e.involved_object.kind == crd.KIND]
+
+    def events(self, name: str) -> Counter:
+        return Counter(e.reason for e in self._events(name))
+
+    def messages(self, name: str, *reasons: str) -> list[str]:
+        """The messages of the VLMDeployment's Events of these reasons."""
+        return [e.message for e in self._events(name) if e.reason in reasons]
 
     def snapshot(self, name: str) -> dict[str, Instance]:
         """Its pods now: what `follow` calls touched if they are gone or restarted later."""

@@ -116,6 +116,14 @@ def complete(ip: str, max_tokens: int = 1) -> None:
         post(ip, "/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": max_tokens})
 
 
+def restarts(bed: Bed, name: str) -> int:
+    """The Restarts the operator decided: each is counted once in the VLMDeployment's
+    remediation history, whatever rungs its recovery took (a fence, then the kubelet's
+    in-place restart, or a new pod once that failed)."""
+    annotations = bed.get(name)["metadata"].get("annotations") or {}
+    return len(incidents.parse_history(annotations.get(incidents.HISTORY)))
+
+
 def crash_loop(bed: Bed, health: dict | None) -> Observed:
     """Every container's engine dies at start: restarted until the budget (2) is spent, then
     Degraded and left to the kubelet; a raised budget lets the operator act again."""
@@ -124,16 +132,15 @@ def crash_loop(bed: Bed, health: dict | None) -> Observed:
     bed.create("row", replicas=1, health=merged({"maxRestartsPerHour": 2}, health),
                env=[{"name": "VLM_SIM_FAULT", "value": json.dumps(die)}])
     start = time.time()
-    seen = bed.follow("row", 1, set(), start, until=lambda: bed.events("row")[
-        "PodRestarted"] >= 2 and bed.condition("row", "Degraded").get("status") == "True",
-        timeout=max(90.0, bed.limit_s), settle=15)  # two starts: minutes at real start costs
-    seen.notes["restarts_at_budget"] = seen.events["PodRestarted"]
+    seen = bed.follow("row", 1, set(), start, until=lambda: restarts(bed, "row") >= 2
+                      and bed.condition("row", "Degraded").get("status") == "True",
+                      timeout=max(90.0, bed.limit_s), settle=15)  # minutes at real start costs
+    seen.notes["restarts_at_budget"] = restarts(bed, "row")
     seen.notes["degraded"] = bed.condition("row", "Degraded")
     bed.patch_spec("row", {"health": {"maxRestartsPerHour": 4}})
-    after = bed.follow("row", 1, set(), time.time(), until=lambda: bed.events("row")[
-        "PodRestarted"] > seen.notes["restarts_at_budget"], timeout=max(60.0, bed.limit_s),
-        settle=0)
-    seen.notes["restarts_after_raise"] = after.events["PodRestarted"]
+    bed.follow("row", 1, set(), time.time(), until=lambda: restarts(bed, "row")
+               > seen.notes["restarts_at_budget"], timeout=max(60.0, bed.limit_s), settle=0)
+    seen.notes["restarts_after_raise"] = restarts(bed, "row")
     seen.recovered_s = None  # a pod that crashes at every start never serves
     return seen
 

@@ -68,7 +68,10 @@ def hung_behind_api_key(bed: Bed, health: dict | None) -> Observed:
     faulted = {instance(pod)}
     start = time.time()
     bed.fault(pod, {"fault": "stall"})
-    return bed.follow("row", 1, faulted, start)
+    seen = bed.follow("row", 1, faulted, start)
+    # why it was restarted: the first rung's Event (lastRemediation ends at the recovery)
+    seen.notes["restart_reasons"] = bed.messages("row", "PodRestartRequested", "PodRestarted")
+    return seen
 
 
 def metric(text: str, name: str, **labels: str) -> float:
