@@ -66,6 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 INDEPENDENT_MODULES = frozenset({"test_failure_matrix.py"})
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Each phase's report on the test item (item.report_call ...), for fixtures that keep
+    artifacts of a failed test."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With `-n N --dist loadscope`: a module's tests go to one worker (they share its fixtures
