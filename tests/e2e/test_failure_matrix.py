@@ -209,12 +209,12 @@ def cordon_no_drain(seen: Observed) -> None:
 
 
 def drain_slow_replacement(seen: Observed) -> None:
+    assert seen.lowest_ready >= 1, "a serving gap: the pod went before its replacement served"
+    no_request_failed(seen)
+    assert seen.notes["drain_rc"] == 0, seen.notes["drain_output"]
     ready_s = seen.notes["replacement_ready_s"]
     assert ready_s is not None and ready_s > DRAIN_WAIT_S, \
         f"the replacement served at {ready_s} s: the row did not outlast the drain wait"
-    assert seen.notes["drain_rc"] == 0, seen.notes["drain_output"]
-    no_request_failed(seen)
-    assert seen.lowest_ready >= 1, "a serving gap: the pod went before its replacement served"
     assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
     assert not {"NodeDrainHeld", "NodeDrainWaitExpired", "ReplaceFailed"} & set(seen.events)
     assert seen.notes["in_flight_left"] == 0
