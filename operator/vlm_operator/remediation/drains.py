@@ -109,7 +109,7 @@ def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
             node_drains(rem, owner, leaving=leaving)
 
 
-def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, str]) -> None:
+def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, Leaving]) -> None:
     """The VLMDeployment's pods on leaving nodes, read afresh (owner.lock held)."""
     namespace, name = owner.namespace, owner.name
     body = rem.refresh(namespace, name)

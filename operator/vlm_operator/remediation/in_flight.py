@@ -174,7 +174,7 @@ class InFlightDriver:
                 record, drain_since=stamp(now)))
             actions.take_out_of_service(self.kube, namespace, pod)
             if step == Step.LET_GO:
-                text = (f"{record.pod}: its node {record.node} has been leaving for "
+                text = (f"{record.pod}: its node {record.node} has shown a drain for "
                         f"{now - record.node_since:.0f} s (--node-drain-wait-seconds="
                         f"{rem.node_drain_wait_s:g}) and no replacement serves: draining it, "
                         "then deleting it so the node drain can finish")
