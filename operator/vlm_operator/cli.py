@@ -13,6 +13,7 @@ import yaml
 from vlm_operator.api import admin_policy, crd, names
 from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.desired import children
+from vlm_operator.k8s import nodes
 from vlm_operator.remediation import steps as remediation
 
 EXIT_USAGE = 2
@@ -126,6 +127,18 @@ def _secret_label(text: str) -> str:
     return text
 
 
+def _drain_markers(text: str) -> tuple[nodes.Marker, ...]:
+    """--node-drain-markers: taint or label keys, each optionally =value, comma-separated."""
+    for item in (i.strip() for i in text.split(",")):
+        if item and not _SECRET_LABEL.match(item):
+            raise argparse.ArgumentTypeError(f"{item!r} is not a taint or label key, or "
+                                             "key=value")
+    try:
+        return nodes.parse_markers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _keda_prometheus(group) -> None:
     group.add_argument("--keda-prometheus-address", action="append",
                        dest="keda_prometheus_addresses", default=[], metavar="URL",
@@ -203,11 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-drain-wait-seconds", type=_seconds_at_least(0),
                      default=remediation.NODE_DRAIN_WAIT_S,
                      metavar="SECONDS",
-                     help="how long a node drain (kubectl drain, the cluster autoscaler, "
-                          "Karpenter) is held for a pod spec.health.minAvailable protects while "
-                          "no GPU is free elsewhere for its replacement; then the pod is drained "
-                          "and deleted so the drain finishes (default "
-                          f"{remediation.NODE_DRAIN_WAIT_S:g})")
+                     help="how long a node drain (the cluster autoscaler, Karpenter, a "
+                          "--node-drain-markers marker) is held for a pod "
+                          "spec.health.minAvailable protects while no GPU is free elsewhere "
+                          "for its replacement; then the pod is drained and deleted so the "
+                          "drain finishes (default "
+                          f"{remediation.NODE_DRAIN_WAIT_S:g}); a cordon alone never does")
+    run.add_argument("--node-drain-markers", type=_drain_markers, default=(),
+                     metavar="KEY[=VALUE],...",
+                     help="node taints or labels that show a drain, besides the cluster "
+                          "autoscaler's and Karpenter's taints (at most "
+                          f"{nodes.MAX_MARKERS}); {nodes.UNSCHEDULABLE_TAINT} makes every "
+                          "cordon a drain. Default: none")
     run.add_argument("--log-mark-seconds", type=_seconds_at_least(1), default=300.0,
                      help="at most one resume mark per followed pod this often (a pod "
                           "annotation, so a PATCH each: where a restarted operator resumes "

@@ -194,7 +194,8 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
     kube = Kube(api)
     watchdog = Watchdog()
     # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
-    cluster = ClusterCache(kube, args.namespaces, watchdog, owns=shard.owns)
+    cluster = ClusterCache(kube, args.namespaces, watchdog, owns=shard.owns,
+                           drain_markers=args.node_drain_markers)
     budget = GpuBudget(cluster)
     peering = None if args.standalone else Peering(
         kube, peering_name, identity, args.priority, namespaced=bool(args.namespaces))

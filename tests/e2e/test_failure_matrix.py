@@ -13,7 +13,7 @@ import yaml
 from kube_helpers import SESSION_NS_PREFIX
 
 from vlm_testbed.chart import CHART
-from vlm_testbed.failure_matrix import ROWS, Bed, Observed
+from vlm_testbed.failure_matrix import DRAIN_WAIT_S, ROWS, Bed, Observed
 
 
 def said(seen: Observed, signature: str, action: str) -> None:
@@ -204,6 +204,34 @@ def drain_no_gpu(seen: Observed) -> None:
     assert not seen.events["PodReplacing"] and seen.notes["in_flight_left"] == 0
 
 
+def cordon_no_drain(seen: Observed) -> None:
+    # a cordon stops new pods: the only serving replica stays, however long, and serves
+    no_request_failed(seen)
+    assert seen.touched == [] and seen.lowest_ready == 1, \
+        "the only serving replica was removed for a cordon alone"
+    held = seen.notes["held_condition"]
+    assert held and "cordon alone never lets it go" in held["message"], held
+    cordoned = seen.notes["events_cordoned"]
+    assert cordoned.get("NodeDrainHeld") == 1, cordoned
+    assert not {"NodeDrainWaitExpired", "PodReplaced", "PodRestarted"} & set(cordoned)
+    assert seen.notes["in_flight_cordoned"] == 1
+    # the uncordon ends the wait; the same pod serves on
+    assert seen.notes["cancelled"] and seen.events["NodeDrainCancelled"] == 1, seen.events
+    assert seen.notes["serving"]
+
+
+def drain_slow_replacement(seen: Observed) -> None:
+    assert seen.lowest_ready >= 1, "a serving gap: the pod went before its replacement served"
+    no_request_failed(seen)
+    assert seen.notes["drain_rc"] == 0, seen.notes["drain_output"]
+    ready_s = seen.notes["replacement_ready_s"]
+    assert ready_s is not None and ready_s > DRAIN_WAIT_S, \
+        f"the replacement served at {ready_s} s: the row did not outlast the drain wait"
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
+    assert not {"NodeDrainHeld", "NodeDrainWaitExpired", "ReplaceFailed"} & set(seen.events)
+    assert seen.notes["in_flight_left"] == 0
+
+
 def storms_two_pods_one_gpu(seen: Observed) -> None:
     assert seen.recovered_s is not None
     assert seen.notes["most_surges_at_once"] == 1, "two surges onto one free GPU"
@@ -261,6 +289,7 @@ CHECKS = {
     "unreachable-reject": unreachable("connection refused"),
     "hostile-tenant": hostile_tenant,
     "drain-gpu-free": drain_gpu_free, "drain-no-gpu": drain_no_gpu,
+    "cordon-no-drain": cordon_no_drain, "drain-slow-replacement": drain_slow_replacement,
     "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
     "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
     "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,

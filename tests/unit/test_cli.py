@@ -125,6 +125,22 @@ def test_node_drain_wait_is_a_run_flag_that_never_waits_for_ever(capsys):
         assert "--node-drain-wait-seconds" in capsys.readouterr().err
 
 
+def test_node_drain_markers_are_taint_or_label_keys(capsys):
+    from vlm_operator.cli import build_parser
+    from vlm_operator.k8s.nodes import Marker
+
+    parser = build_parser()
+    assert parser.parse_args(["run"]).node_drain_markers == ()
+    assert parser.parse_args(["run", "--node-drain-markers",
+                              "medik8s.io/drain,example.com/maintenance=drain"]
+                             ).node_drain_markers == (Marker("medik8s.io/drain"),
+                                                      Marker("example.com/maintenance", "drain"))
+    for bad in ("a b", "=x", "x:NoSchedule", "-x", "a/b/c", ",".join(["k"] * 33), "k" * 300):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "--node-drain-markers", bad])
+        assert "--node-drain-markers" in capsys.readouterr().err
+
+
 def test_log_mark_seconds_must_be_a_second_or_more():
     for bad in ("0", "-5", "x", "nan"):
         result = cli("run", "--log-mark-seconds", bad)

@@ -20,6 +20,7 @@ a cache lists every POLL_S instead, and says so once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -31,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api.names import INSTANCE_LABEL
 from vlm_operator.k8s.kube import Kube
-from vlm_operator.k8s.nodes import Node, free_by_node, node_state, pod_use
+from vlm_operator.k8s.nodes import Leaving, Marker, Node, free_by_node, node_state, pod_use
 from vlm_operator.metrics import CACHE_LISTS, CACHE_OBJECTS
 
 log = logging.getLogger(__name__)
@@ -277,9 +278,12 @@ class ClusterCache:
 
     def __init__(self, kube: Kube, namespaces: list[str] | None = None,
                  watchdog: Watchdog | None = None,
-                 owns: Callable[[str, str], bool] = lambda namespace, name: True) -> None:
-        """`owns(namespace, name)`: the VLMDeployments whose pods are kept (runtime/sharding.py)."""
+                 owns: Callable[[str, str], bool] = lambda namespace, name: True,
+                 drain_markers: tuple[Marker, ...] = ()) -> None:
+        """`owns(namespace, name)`: the VLMDeployments whose pods are kept (runtime/sharding.py);
+        `drain_markers`: the admin's node drain markers (k8s/nodes.py, leaving)."""
         self.kube, self.namespaced, self.watchdog = kube, bool(namespaces), watchdog
+        self.drain_markers = drain_markers
         self.owns = owns
         self._lock = threading.Lock()
         self._informers: dict[str, Informer] = {}
@@ -294,7 +298,8 @@ class ClusterCache:
             return informer
 
     def _nodes(self) -> Informer:
-        return self._informer("nodes", "/api/v1/nodes", node_state)
+        return self._informer("nodes", "/api/v1/nodes",
+                              functools.partial(node_state, markers=self.drain_markers))
 
     def _gpu_pods(self) -> Informer:
         return self._informer("gpu-pods", "/api/v1/pods", pod_use,
@@ -310,8 +315,9 @@ class ClusterCache:
         nodes = [state.budget for state in self._nodes().values() if state.budget is not None]
         return nodes, free_by_node(nodes, self._gpu_pods().values())
 
-    def leaving_nodes(self) -> dict[str, str]:
-        """Nodes about to go (k8s/nodes.py, leaving) -> why; raises Stale."""
+    def leaving_nodes(self) -> dict[str, Leaving]:
+        """Nodes about to go (k8s/nodes.py, leaving) -> why, and whether a drain; raises
+        Stale."""
         return {state.name: state.leaving for state in self._nodes().values()
                 if state.leaving is not None}
 

@@ -99,10 +99,43 @@ def node_of(node: dict) -> Node | None:
 
 
 # Taints the cluster autoscaler and Karpenter (v1; `karpenter.sh/disruption` before it) put on
-# nodes they are about to remove.
+# nodes they are about to remove: evidence of a drain.
 LEAVING_TAINTS = {"ToBeDeletedByClusterAutoscaler": "the cluster autoscaler removes it",
                   "karpenter.sh/disrupted": "Karpenter removes it",
                   "karpenter.sh/disruption": "Karpenter removes it"}
+# The taint the node lifecycle controller puts on every cordoned node. Named as a drain marker
+# (--node-drain-markers), it makes every cordon a drain.
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+MAX_MARKERS = 32
+
+
+class Marker(NamedTuple):
+    """A drain marker the admin names: a taint key or a label key, and its value if given."""
+
+    key: str
+    value: str | None = None
+
+    def matches(self, labels: dict, taints: list[dict]) -> bool:
+        """Whether a node of these labels and taints carries the marker."""
+        pairs = [*((t.get("key"), t.get("value", "")) for t in taints), *labels.items()]
+        return any(k == self.key and (self.value is None or v == self.value) for k, v in pairs)
+
+
+def parse_markers(text: str) -> tuple[Marker, ...]:
+    """`KEY[=VALUE],...`, as --node-drain-markers takes it (cli.py checks each is a label key
+    or key=value); ValueError past MAX_MARKERS."""
+    items = [i.strip() for i in text.split(",") if i.strip()]
+    if len(items) > MAX_MARKERS:
+        raise ValueError(f"{len(items)} markers, at most {MAX_MARKERS}")
+    return tuple(Marker(key, value if sep else None)
+                 for key, sep, value in (i.partition("=") for i in items))
+
+
+class Leaving(NamedTuple):
+    """Why a node is about to go, and whether it shows a drain (not just a cordon)."""
+
+    why: str
+    drain: bool
 
 
 class NodeState(NamedTuple):
@@ -110,26 +143,40 @@ class NodeState(NamedTuple):
 
     name: str
     budget: Node | None  # as the GPU budget sees it (None: it takes no new pods)
-    leaving: str | None  # why it is about to go, if it is
+    leaving: Leaving | None  # why it is about to go, if it is
 
 
-def leaving(node: dict) -> str | None:
-    """Why a node is about to go: cordoned (kubectl drain or cordon), or tainted by the
-    cluster autoscaler or Karpenter; None when it is not. A refused eviction leaves no trace to
-    watch: these are what is seen of a drain before it evicts."""
+def leaving(node: dict, markers: tuple[Marker, ...] = ()) -> Leaving | None:
+    """Why a node is about to go; None when it is not. A drain (drain=True): a taint of the
+    cluster autoscaler or Karpenter, or one of the admin's `markers` (a taint or label). A
+    cordon alone (spec.unschedulable or its taint: kubectl cordon, a GPU health tool, the first
+    step of kubectl drain) stops new pods, not old ones: drain=False. A refused eviction leaves
+    no trace to watch: these are what is seen of a drain before it evicts."""
     spec = node.get("spec") or {}
-    if spec.get("unschedulable"):
-        return "cordoned (spec.unschedulable: kubectl drain or cordon)"
-    for taint in spec.get("taints") or []:
+    taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    cordoned = bool(spec.get("unschedulable")) or any(
+        t.get("key") == UNSCHEDULABLE_TAINT for t in taints)
+    for taint in taints:
         if taint.get("key") in LEAVING_TAINTS:
-            return f"{LEAVING_TAINTS[taint['key']]} (taint {taint['key']})"
+            return Leaving(f"{LEAVING_TAINTS[taint['key']]} (taint {taint['key']})", True)
+    # the cordon's taint may lag spec.unschedulable: either matches the marker of the taint
+    seen = [*taints, {"key": UNSCHEDULABLE_TAINT, "value": ""}] if cordoned else taints
+    for marker in markers:
+        if marker.matches(labels, seen):
+            return Leaving(f"drain marker {marker.key}"
+                           + ("" if marker.value is None else f"={marker.value}")
+                           + (", cordoned" if cordoned else ""), True)
+    if cordoned:
+        return Leaving("cordoned (spec.unschedulable: kubectl cordon, or kubectl drain before "
+                       "it evicts), no drain marker", False)
     return None
 
 
-def node_state(node: dict) -> NodeState | None:
+def node_state(node: dict, markers: tuple[Marker, ...] = ()) -> NodeState | None:
     """What the node cache keeps of a Node: its budget view, why it leaves; None when it
-    neither takes pods nor is leaving (not Ready)."""
-    why = leaving(node)
+    neither takes pods nor is leaving (not Ready). `markers`: the admin's drain markers."""
+    why = leaving(node, markers)
     budget = node_of(node) if why is None else None
     if budget is None and why is None:
         return None

@@ -167,7 +167,7 @@ def remediating_report(in_flight: Mapping[str, InFlight],
             parts.append(f"draining {record.pod} ({why}) before removing it")
         elif record.action == REPLACE and not record.surge:
             reason = reason or "WaitingForCapacity"
-            left = ""
+            left = "; a cordon alone never lets it go" if record.node_since is None else ""
             if now is not None and record.node_since is not None:
                 left = (f"; it is let go in "
                         f"{max(0.0, record.node_since + node_drain_wait_s - now):.0f} s")

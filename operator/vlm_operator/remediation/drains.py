@@ -1,11 +1,15 @@
 """Node drains: a round also looks for the VLMDeployment's pods on nodes that are leaving
-(cordoned, or tainted by the cluster autoscaler or Karpenter). A pod whose eviction minAvailable
+(k8s/nodes.py, leaving: cordoned, or showing a drain: tainted by the cluster autoscaler or
+Karpenter, or carrying a drain marker the admin names). A pod whose eviction minAvailable
 refuses gets a Replace of its own (guards.node_drain_action): a replacement elsewhere first when
-a GPU is free, else it waits for capacity, at most node_drain_wait_s from when the node was
-first seen leaving; then it is drained and deleted, so a drain never waits for ever. The pod is
-drained and deleted by the operator itself once its replacement is ready (the budget would let
-the eviction through then too; the pod's preStop drains it either way): one path, the same as
-for a sick pod (remediation/in_flight.py), with Events and a condition on the way."""
+a GPU is free, else it waits for capacity. On a node that shows a drain it waits at most
+node_drain_wait_s from when the drain was first seen (past it only for a replacement already
+on its way); then it is drained and deleted, so a drain never waits for ever. A cordon alone
+stops new pods, not old ones: the pod moves when a replacement serves elsewhere, and is never
+let go without one. The pod is drained and deleted by the operator itself once its replacement
+is ready (the budget would let the eviction through then too; the pod's preStop drains it
+either way): one path, the same as for a sick pod (remediation/in_flight.py), with Events and a
+condition on the way."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.k8s.caches import Stale
+from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.remediation import actions, events, guards
 from vlm_operator.remediation.incidents import (
     NODE_DRAIN,
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def leaving_nodes(rem: Remediator) -> Mapping[str, str] | None:
+def leaving_nodes(rem: Remediator) -> Mapping[str, Leaving] | None:
     """Nodes that are leaving (None: not known, or not looked for)."""
     if rem.leaving_nodes is None:
         return None
@@ -48,8 +53,15 @@ def leaving_nodes(rem: Remediator) -> Mapping[str, str] | None:
         return None
 
 
+def unnoted(record: InFlight, node: Leaving) -> bool:
+    """Whether a Replace's record has yet to note that its pod's node is leaving, or that the
+    node now shows a drain (its drain wait starts then)."""
+    return record.action == REPLACE and (
+        not record.node or (node.drain and record.node_since is None))
+
+
 def drain_work(pods: list[dict], records: Mapping[str, InFlight], *,
-               leaving: Mapping[str, str], policy: HealthPolicy,
+               leaving: Mapping[str, Leaving], policy: HealthPolicy,
                engine_dead: Callable[[str], bool], always_allow: bool) -> bool:
     """Whether a pod on a leaving node needs something this round: an action of its own, or
     its Replace record has yet to note the node (from the round's pods: the check is redone on
@@ -57,15 +69,24 @@ def drain_work(pods: list[dict], records: Mapping[str, InFlight], *,
     views = [guards.pod_view(p, engine_dead(p["metadata"]["uid"]),
                              p["metadata"]["uid"] in records) for p in pods]
     for pod, view in zip(pods, views, strict=True):
-        if (pod.get("spec") or {}).get("nodeName") not in leaving:
+        node = leaving.get((pod.get("spec") or {}).get("nodeName"))
+        if node is None:
             continue
         record = records.get(pod["metadata"]["uid"])
         if record is not None:
-            if record.action == REPLACE and not record.node:
+            if unnoted(record, node):
                 return True
-        elif guards.node_drain_action(view, views, policy, always_allow):
+        elif _action(view, views, policy, always_allow, node) is not None:
             return True
     return False
+
+
+def _action(view: guards.PodView, views: list[guards.PodView], policy: HealthPolicy,
+            always_allow: bool, node: Leaving) -> str | None:
+    """guards.node_drain_action, but a pod that serves nothing is deleted only on a drain: a
+    cordon alone evicts nothing, and the pod may be loading (deleting it loses the load)."""
+    action = guards.node_drain_action(view, views, policy, always_allow)
+    return None if action == Step.DELETE and not node.drain else action
 
 
 def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
@@ -88,7 +109,7 @@ def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
             node_drains(rem, owner, leaving=leaving)
 
 
-def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, str]) -> None:
+def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, Leaving]) -> None:
     """The VLMDeployment's pods on leaving nodes, read afresh (owner.lock held)."""
     namespace, name = owner.namespace, owner.name
     body = rem.refresh(namespace, name)
@@ -105,17 +126,17 @@ def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, str]) ->
             continue
         record = records.get(uid)
         if record is not None:
-            if not record.node and record.action == REPLACE:  # its drain limit starts now
+            if unnoted(record, leaving[node]):  # its drain limit starts with a drain seen
                 rem.write_in_flight(namespace, name, owner, add=dataclasses.replace(
-                    record, node=node, node_since=now))
+                    record, node=node, node_since=now if leaving[node].drain else None))
             continue
-        action = guards.node_drain_action(view, views, owner.policy,
-                                          rem.kube.pdb_unhealthy_pod_eviction)
+        action = _action(view, views, owner.policy, rem.kube.pdb_unhealthy_pod_eviction,
+                         leaving[node])
         if action == Step.DELETE:
-            _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node])
+            _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node].why)
         elif action == REPLACE:
-            _protect(rem, pod, owner=owner, body=body, pods=pods, node=node, why=leaving[node],
-                     now=now)
+            _protect(rem, pod, owner=owner, body=body, pods=pods, node=node,
+                     leaving=leaving[node], now=now)
 
 
 def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
@@ -132,18 +153,21 @@ def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
 
 
 def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list[dict],
-             node: str, why: str, now: float) -> None:
+             node: str, leaving: Leaving, now: float) -> None:
     """A serving pod minAvailable protects on a leaving node: a Replace of its own, with a
-    surge when a replica fits elsewhere, else waiting for capacity."""
+    surge when a replica fits elsewhere, else waiting for capacity (let go after the drain
+    wait only on a node that shows a drain)."""
     namespace, name = owner.namespace, owner.name
     meta = pod["metadata"]
     records = parse_in_flight(body["metadata"].get("annotations"))
     spare = rem.spare_gpus(owner, pending_claims(records, pods))
     record = InFlight(REPLACE, meta["name"], meta["uid"], NODE_DRAIN, now, now,
                       int(body["spec"].get("replicas", 1)), surge=bool(spare),
-                      before=actions.pod_uids(pods) if spare else (), node=node, node_since=now)
+                      before=actions.pod_uids(pods) if spare else (), node=node,
+                      node_since=now if leaving.drain else None)
     rem.write_in_flight(namespace, name, owner, add=record)
     policy = owner.policy
+    why = leaving.why
     if spare:
         kind, reason, text = "Normal", "PodReplacing", (
             f"{meta['name']}: its node {node} is leaving ({why}) and minAvailable="
@@ -155,9 +179,12 @@ def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list
             f"{policy.min_available} protects it, but "
             + ("no GPU is free elsewhere" if spare is False else
                "the free GPUs cannot be read")
-            + " for a replacement: it keeps serving for up to "
-            f"{rem.node_drain_wait_s:g} s (--node-drain-wait-seconds) while capacity may "
-            "come, then it is drained and deleted so the drain can finish")
+            + " for a replacement: " + (
+                f"it keeps serving for up to {rem.node_drain_wait_s:g} s "
+                "(--node-drain-wait-seconds) while capacity may come, then it is drained and "
+                "deleted so the drain can finish" if leaving.drain else
+                "it keeps serving; a cordon alone never removes it (a drain marker, "
+                "--node-drain-markers, lets it go after --node-drain-wait-seconds)"))
     (log.warning if kind == "Warning" else log.info)("%s/%s: %s", namespace, name, text)
     events.post(rem.kube, namespace, name, pod, Event(kind, reason, text), body)
     rem.in_flight.drive(namespace, name, meta["uid"])

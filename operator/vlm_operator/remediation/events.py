@@ -81,5 +81,5 @@ def replace_ended(record: InFlight, step: Step, *, replicas: int, now: float,
     kind, reason, text = texts[step]
     if record.signature == NODE_DRAIN and step != Step.DROP:
         text += ("; it waits for the node drain's limit (--node-drain-wait-seconds="
-                 f"{node_drain_wait_s:g})")
+                 f"{node_drain_wait_s:g}; a cordon alone has none)")
     return Event(kind, reason, text)

@@ -162,7 +162,9 @@ class InFlightDriver:
             replacement_ready=bool(found) and views[found].serves,
             unschedulable_s=unschedulable_s(replacement, now) if replacement else 0.0,
             replicas=int(body["spec"].get("replicas", 1)),
-            leaving=leaving is not None and node in leaving, spare_gpus=spare, now=now,
+            leaving=None if leaving is None else node in leaving,
+            draining=leaving is not None and node in leaving and leaving[node].drain,
+            spare_gpus=spare, now=now,
             timeout_s=rem.replace_timeout_s, drain_timeout_s=rem.drain_timeout_s,
             node_drain_wait_s=rem.node_drain_wait_s)
         if step == Step.WAIT:
@@ -172,7 +174,7 @@ class InFlightDriver:
                 record, drain_since=stamp(now)))
             actions.take_out_of_service(self.kube, namespace, pod)
             if step == Step.LET_GO:
-                text = (f"{record.pod}: its node {record.node} has been leaving for "
+                text = (f"{record.pod}: its node {record.node} has shown a drain for "
                         f"{now - record.node_since:.0f} s (--node-drain-wait-seconds="
                         f"{rem.node_drain_wait_s:g}) and no replacement serves: draining it, "
                         "then deleting it so the node drain can finish")

@@ -135,7 +135,8 @@ class InFlight:
     and that no other action claimed; once seen, its uid is written into `replacement`. A Replace
     for a pod on a node that is leaving (a drain, a node the cluster autoscaler or Karpenter
     removes) starts without a surge while no GPU is free elsewhere (`surge` False), and lets the
-    pod go `node_since` + the node drain wait later whatever happened by then."""
+    pod go `node_since` (a drain first seen; None for a cordon alone, which never lets it go) +
+    the node drain wait later unless a replacement is on its way by then."""
 
     action: str  # SCALE_DOWN (drain, delete, lower replicas) | REPLACE (surge, drain, delete)
     pod: str
@@ -150,7 +151,7 @@ class InFlight:
     tried: bool = False  # Replace: a surge for it was given up (a node drain then only waits)
     drain_since: float | None = None  # Replace: when the pod was taken out of the Service
     node: str = ""  # the pod's node, once seen leaving
-    node_since: float | None = None  # when the pod's node was first seen leaving
+    node_since: float | None = None  # when the pod's node was first seen showing a drain
 
 
 NODE_DRAIN = "node_drain"  # InFlight.signature of a Replace its node's drain asked for

@@ -23,6 +23,7 @@ from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.metrics import REMEDIATIONS
 from vlm_operator.remediation import actions, drains, events, guards, ladder, steps, suspect
 from vlm_operator.remediation.decide import (
@@ -63,7 +64,7 @@ class Remediator:
                  engine_dead: Callable[[str], bool] = lambda uid: False,
                  plugin_loaded: Callable[[str], bool] = lambda uid: False,
                  gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
-                 leaving_nodes: Callable[[], Mapping[str, str]] | None = None,
+                 leaving_nodes: Callable[[], Mapping[str, Leaving]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
                  node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S) -> None:
@@ -74,8 +75,8 @@ class Remediator:
         `engine_dead(uid)`: the pod's log showed engine death in its current container;
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
         (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
-        `leaving_nodes()`: node name -> why it is leaving (raises Stale when unknown; None:
-        node drains are not looked for)."""
+        `leaving_nodes()`: node name -> why it is leaving and whether it shows a drain (raises
+        Stale when unknown; None: node drains are not looked for)."""
         self.kube = kube
         self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)

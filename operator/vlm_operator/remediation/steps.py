@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from vlm_operator.desired import children, stopping
 from vlm_operator.k8s.pods import parse_time
-from vlm_operator.remediation.incidents import InFlight
+from vlm_operator.remediation.incidents import NODE_DRAIN, InFlight
 
 DRAIN_MIN_S = float(stopping.ENDPOINTS_LAG_S)  # for the endpoints to drop a pod taken out
 DRAIN_TIMEOUT_S = 60.0
@@ -34,9 +34,11 @@ class Step(enum.StrEnum):
 
 # A replacement no node takes for this long: the surge is given up.
 UNSCHEDULABLE_S = 60.0
-# How long a drain of a node (kubectl drain, the cluster autoscaler, Karpenter) is held for a
-# pod minAvailable protects while no GPU is free elsewhere for its replacement; then the pod is
-# drained and deleted, so no drain waits for ever (`vlm-operator run --node-drain-wait-seconds`).
+# How long a drain of a node (the cluster autoscaler, Karpenter, a drain marker the admin names)
+# is held for a pod minAvailable protects while no GPU is free elsewhere for its replacement;
+# then the pod is drained and deleted, so no drain waits for ever (`vlm-operator run
+# --node-drain-wait-seconds`). A replacement already started is waited for past it, at most
+# REPLACE_TIMEOUT_S from its start. A cordon alone never lets the pod go.
 NODE_DRAIN_WAIT_S = 600.0
 
 
@@ -105,8 +107,9 @@ def scale_down_step(*, present: bool, serving: bool, running: float | None, sinc
 
 def replace_step(*, record: InFlight, present: bool, serves: bool, running: float | None,
                  others_ready: int, min_available: int, replacement_ready: bool,
-                 unschedulable_s: float, replicas: int, leaving: bool,
-                 spare_gpus: bool | None, now: float, timeout_s: float = REPLACE_TIMEOUT_S,
+                 unschedulable_s: float, replicas: int, leaving: bool | None,
+                 draining: bool, spare_gpus: bool | None, now: float,
+                 timeout_s: float = REPLACE_TIMEOUT_S,
                  drain_timeout_s: float = DRAIN_TIMEOUT_S,
                  node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
                  min_drain_s: float = DRAIN_MIN_S) -> Step:
@@ -115,21 +118,26 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
     - the pod is gone: FINISH (the caller waits until it has `settled`);
     - it is out of the Service (record.drain_since): drain_step (requests finish first);
     - it serves nothing: DELETE (nothing to wait for);
-    - its node has been leaving for node_drain_wait_s: LET_GO (drain it, then delete);
-    - no surge yet (a node drain waiting for capacity): DROP when its node is no longer
-      leaving or the others now keep minAvailable (the eviction goes through by itself), SURGE
-      when a replica fits the free GPUs, else WAIT;
-    - the others (with the replacement, once ready) keep minAvailable: TAKE_OUT (drain first);
-    - spec.replicas went below the count it began with (HPA, KEDA, a user): ABANDON at once,
-      the ReplicaSet removes the newest, not-ready pod first, which is the replacement;
-    - the replacement is refused by the scheduler for UNSCHEDULABLE_S, or none is ready in
-      timeout_s: GIVE_UP;
-    - else WAIT.
+    - a node drain's node no longer leaving (uncordoned, its marker gone): DROP, with its
+      surge if one was started (the ReplicaSet removes the replacement); whether it still is
+      cannot be read: WAIT (unknown is not "no longer leaving");
+    - a surge started: TAKE_OUT once the others (with the replacement, once ready) keep
+      minAvailable (drain first); ABANDON at once when spec.replicas went below the count it
+      began with (HPA, KEDA, a user: the ReplicaSet removes the newest, not-ready pod first,
+      the replacement); GIVE_UP when the scheduler refuses the replacement for
+      UNSCHEDULABLE_S or none is ready in timeout_s (the startup probe's budget); else WAIT,
+      past the node drain wait too: a replacement on its way is waited for, since letting the
+      pod go before it serves would leave nothing ready;
+    - no surge (a node drain waiting for capacity): DROP when the others now keep
+      minAvailable (the eviction goes through by itself); LET_GO (drain it, then delete) when
+      the node shows a drain (`draining`: not a cordon alone) and has since node_since for
+      node_drain_wait_s; SURGE when a replica fits the free GPUs; else WAIT.
 
     running: the pod's requests in flight (None: unknown); replacement_ready: the replacement
     pod serves; unschedulable_s: how long the scheduler has refused the replacement; replicas:
-    spec.replicas now; leaving: the pod's node is leaving now; spare_gpus: one more replica
-    fits the free GPUs (None: unknown), asked only before a surge."""
+    spec.replicas now; leaving: the pod's node is leaving now (None: unknown); draining: it
+    shows a drain (k8s/nodes.py, leaving); spare_gpus: one more replica fits the free GPUs
+    (None: unknown), asked only before a surge."""
     if not present:
         return Step.FINISH
     if record.drain_since is not None:
@@ -137,20 +145,23 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
                           timeout_s=drain_timeout_s, min_drain_s=min_drain_s)
     if not serves:
         return Step.DELETE
-    if record.node_since is not None and now - record.node_since >= node_drain_wait_s:
-        return Step.LET_GO
+    if record.signature == NODE_DRAIN and not leaving:  # unknown is not "no longer leaving"
+        return Step.WAIT if leaving is None else Step.DROP
     protected = others_ready < max(1, min_available)
-    if not record.surge:
-        if not leaving or not protected:
-            return Step.DROP
-        return Step.SURGE if spare_gpus and not record.tried else Step.WAIT
+    if record.surge:
+        if not protected:
+            return Step.TAKE_OUT
+        if replicas < record.replicas and not replacement_ready:
+            return Step.ABANDON
+        if unschedulable_s >= UNSCHEDULABLE_S or now - record.since >= timeout_s:
+            return Step.GIVE_UP
+        return Step.WAIT
     if not protected:
-        return Step.TAKE_OUT
-    if replicas < record.replicas and not replacement_ready:
-        return Step.ABANDON
-    if unschedulable_s >= UNSCHEDULABLE_S or now - record.since >= timeout_s:
-        return Step.GIVE_UP
-    return Step.WAIT
+        return Step.DROP
+    if (draining and record.node_since is not None
+            and now - record.node_since >= node_drain_wait_s):
+        return Step.LET_GO
+    return Step.SURGE if spare_gpus and not record.tried else Step.WAIT
 
 
 def lowered_replicas(current: int, record: InFlight, min_available: int) -> int | None:

@@ -191,19 +191,56 @@ def test_free_by_node_counts_bound_running_pods_per_node():
 
 def test_leaving_nodes_are_cordoned_or_tainted_by_an_autoscaler():
     assert gpu_budget.leaving(node("a", 1)) is None
-    assert "kubectl drain" in gpu_budget.leaving(node("a", 1, unschedulable=True))
+    cordoned = gpu_budget.leaving(node("a", 1, unschedulable=True))
+    assert "kubectl cordon" in cordoned.why and not cordoned.drain  # stops new pods only
     for key in ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted",
                 "karpenter.sh/disruption"):
         taint = {"key": key, "value": "x", "effect": "NoSchedule"}
-        assert key in gpu_budget.leaving(node("a", 1, taints=[taint]))
+        for unschedulable in (False, True):
+            seen = gpu_budget.leaving(node("a", 1, unschedulable=unschedulable, taints=[taint]))
+            assert key in seen.why and seen.drain
     assert gpu_budget.leaving(node("a", 1, taints=[{"key": "nvidia.com/gpu",
                                            "effect": "NoSchedule"}])) is None
     # the node cache keeps a leaving node out of the budget, with why it leaves
     state = gpu_budget.node_state(node("a", 1, unschedulable=True))
-    assert state.name == "a" and state.budget is None and "cordoned" in state.leaving
+    assert state.name == "a" and state.budget is None and "cordoned" in state.leaving.why
     assert gpu_budget.node_state(node("b", 1)).budget.name == "b" and gpu_budget.node_state(
         node("b", 1)).leaving is None
     assert gpu_budget.node_state(node("c", 1, ready=False)) is None  # neither
+
+
+UNSCHEDULABLE = {"key": gpu_budget.UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize("markers,kw,drain", [
+    ("", {"unschedulable": True}, False),
+    ("", {"taints": [UNSCHEDULABLE]}, False),  # the cordon's own taint is a cordon
+    ("medik8s.io/drain", {"unschedulable": True,
+                          "taints": [{"key": "medik8s.io/drain", "effect": "NoSchedule"}]}, True),
+    ("example.com/maintenance", {"unschedulable": True,
+                                 "labels": {"example.com/maintenance": "x"}}, True),
+    ("example.com/maintenance=drain", {"unschedulable": True,
+                                       "labels": {"example.com/maintenance": "x"}}, False),
+    ("example.com/maintenance=drain", {"unschedulable": True,
+                                       "labels": {"example.com/maintenance": "drain"}}, True),
+    # naming the cordon's taint makes every cordon a drain, seen by either field
+    (gpu_budget.UNSCHEDULABLE_TAINT, {"unschedulable": True}, True),
+    (gpu_budget.UNSCHEDULABLE_TAINT, {"taints": [UNSCHEDULABLE]}, True),
+])
+def test_a_drain_is_told_from_a_cordon_by_its_markers(markers, kw, drain):
+    seen = gpu_budget.leaving(node("a", 1, **kw), gpu_budget.parse_markers(markers))
+    assert seen.drain is drain, seen
+    assert gpu_budget.node_state(node("a", 1, **kw),
+                                 gpu_budget.parse_markers(markers)).leaving == seen
+
+
+def test_a_marker_on_a_node_not_cordoned_is_a_drain_too():
+    markers = gpu_budget.parse_markers(" example.com/maintenance , ")
+    assert markers == (gpu_budget.Marker("example.com/maintenance"),)
+    seen = gpu_budget.leaving(node("a", 1, labels={"example.com/maintenance": ""}), markers)
+    assert seen.drain and "example.com/maintenance" in seen.why
+    with pytest.raises(ValueError, match="at most 32"):
+        gpu_budget.parse_markers(",".join(f"k{i}" for i in range(33)))
 
 
 def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):

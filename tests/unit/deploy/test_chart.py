@@ -86,6 +86,9 @@ def test_the_node_drain_wait_reaches_the_operator(helm):
 
     assert "--node-drain-wait-seconds=600" in args()
     assert "--node-drain-wait-seconds=30" in args("--set", "nodeDrainWaitSeconds=30")
+    assert not any(a.startswith("--node-drain-markers") for a in args())
+    assert "--node-drain-markers=medik8s.io/drain,example.com/maintenance=drain" in args(
+        "--set", "nodeDrainMarkers={medik8s.io/drain,example.com/maintenance=drain}")
 
 
 def test_args_name_each_watched_namespace(helm):

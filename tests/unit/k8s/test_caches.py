@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.k8s import caches
 from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
+from vlm_operator.k8s.nodes import parse_markers
 
 from ..waiting import wait_until
 
@@ -147,14 +148,16 @@ def test_managed_pods_are_served_by_namespace_and_selector_without_managed_field
 
 
 def test_nodes_feed_the_budget_and_the_leaving_nodes():
-    def node(name, unschedulable=False, taints=()):
-        return {"metadata": {"uid": name, "name": name, "resourceVersion": "1"},
+    def node(name, unschedulable=False, taints=(), labels=None):
+        return {"metadata": {"uid": name, "name": name, "resourceVersion": "1",
+                             "labels": labels or {}},
                 "spec": {"unschedulable": unschedulable, "taints": list(taints)},
                 "status": {"allocatable": {"nvidia.com/gpu": "1"},
                            "conditions": [{"type": "Ready", "status": "True"}]}}
 
     page = {"items": [node("a"), node("b", unschedulable=True), node("c", taints=[
-        {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}])],
+        {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}]),
+        node("d", unschedulable=True, labels={"example.com/maintenance": "drain"})],
         "metadata": {"resourceVersion": "1"}}
     empty = {"items": [], "metadata": {"resourceVersion": "1"}}
 
@@ -163,11 +166,14 @@ def test_nodes_feed_the_budget_and_the_leaving_nodes():
             self.lists += 1
             return page if path == "/api/v1/nodes" else empty
 
-    cache = ClusterCache(Paths([page], []))
+    cache = ClusterCache(Paths([page], []), drain_markers=parse_markers(
+        "example.com/maintenance=drain"))
     try:
         nodes, free = cache.budget()
         assert [n.name for n in nodes] == ["a"] and free == {"a": {"nvidia.com/gpu": 1}}
         leaving = cache.leaving_nodes()
-        assert sorted(leaving) == ["b", "c"] and "cluster autoscaler" in leaving["c"]
+        assert sorted(leaving) == ["b", "c", "d"] and "cluster autoscaler" in leaving["c"].why
+        # a cordon alone is no drain; the autoscaler's taint and the admin's marker are
+        assert {n: v.drain for n, v in leaving.items()} == {"b": False, "c": True, "d": True}
     finally:
         cache.stop()

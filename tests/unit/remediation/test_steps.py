@@ -3,6 +3,8 @@ left."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vlm_operator.remediation.incidents import REPLACE, InFlight
@@ -67,24 +69,78 @@ def replacing(**kw):
     ({"record": replacing(drain_since=NOW), "running": None}, Step.WAIT),  # unknown is not 0
     ({"record": replacing(drain_since=NOW), "running": 2, "now": NOW + 60}, Step.DELETE),
     ({"record": replacing(drain_since=NOW), "serves": False}, Step.DELETE),
-    # a node drain: no surge while no GPU is free, let go after the wait whatever happened
-    ({"record": drain_record(), "leaving": True, "spare_gpus": False}, Step.WAIT),
-    ({"record": drain_record(), "leaving": True, "spare_gpus": None}, Step.WAIT),
-    ({"record": drain_record(), "leaving": True, "spare_gpus": True}, Step.SURGE),
-    ({"record": drain_record(tried=True), "leaving": True, "spare_gpus": True}, Step.WAIT),
+    # a node drain: no surge while no GPU is free, let go after the wait when no replacement
+    # is on its way
+    ({"record": drain_record(), "spare_gpus": False}, Step.WAIT),
+    ({"record": drain_record(), "spare_gpus": None}, Step.WAIT),
+    ({"record": drain_record(), "spare_gpus": True}, Step.SURGE),
+    ({"record": drain_record(tried=True), "spare_gpus": True}, Step.WAIT),
     ({"record": drain_record(), "leaving": False, "spare_gpus": True}, Step.DROP),
-    ({"record": drain_record(), "leaving": True, "others_ready": 1}, Step.DROP),
-    ({"record": drain_record(), "leaving": True, "now": NOW + 30}, Step.LET_GO),
-    ({"record": replacing(node="n1", node_since=NOW - 30), "leaving": True}, Step.LET_GO),
-    ({"record": drain_record(), "leaving": True, "now": NOW + 30, "serves": False}, Step.DELETE),
+    ({"record": drain_record(), "others_ready": 1}, Step.DROP),
+    ({"record": drain_record(), "now": NOW + 30}, Step.LET_GO),
+    ({"record": drain_record(tried=True), "now": NOW + 30}, Step.LET_GO),  # its surge failed
+    ({"record": replacing(node="n1", node_since=NOW - 30, surge=False)}, Step.LET_GO),
+    ({"record": drain_record(), "now": NOW + 30, "serves": False}, Step.DELETE),
 ])
 def test_replace_step(kw, step):
+    assert step_of(**kw) == step
+
+
+def step_of(**kw):
+    """replace_step on p0 serving alone on n1 (minAvailable 1), its node showing a drain;
+    timeout_s 100 (the startup budget), node_drain_wait_s 30."""
     kw = {"record": replacing(), "present": True, "serves": True, "running": None,
           "others_ready": 0, "min_available": 1, "replacement_ready": False,
-          "unschedulable_s": 0.0, "replicas": 2, "leaving": False, "spare_gpus": None,
-          "now": NOW + 5, **kw}
-    assert replace_step(timeout_s=100, drain_timeout_s=60, node_drain_wait_s=30,
-                        min_drain_s=2, **kw) == step
+          "unschedulable_s": 0.0, "replicas": 2, "leaving": True, "draining": True,
+          "spare_gpus": None, "now": NOW + 5, **kw}
+    return replace_step(timeout_s=100, drain_timeout_s=60, node_drain_wait_s=30,
+                        min_drain_s=2, **kw)
+
+
+# p0's node drain surged at NOW + 25, 5 s before its drain wait ends (capacity came late)
+LATE = dataclasses.replace(drain_record(surge=True), since=NOW + 25)
+
+
+@pytest.mark.parametrize("kw,step", [
+    # a replacement on its way is waited for past the node drain wait: letting p0 go would
+    # leave nothing ready
+    ({"now": NOW + 40}, Step.WAIT),
+    ({"now": NOW + 124}, Step.WAIT),
+    ({"now": NOW + 40, "record": dataclasses.replace(LATE, since=NOW - 200)}, Step.GIVE_UP),
+    # bounded by the startup budget (timeout_s from the surge), not the drain wait
+    ({"now": NOW + 125}, Step.GIVE_UP),
+    ({"now": NOW + 40, "unschedulable_s": UNSCHEDULABLE_S}, Step.GIVE_UP),
+    ({"now": NOW + 40, "others_ready": 1, "replacement_ready": True}, Step.TAKE_OUT),
+    # a sick pod's Replace on the draining node: its replacement is waited for the same way
+    ({"now": NOW + 40, "record": replacing(node="n1", node_since=NOW)}, Step.WAIT),
+])
+def test_a_started_replacement_is_waited_for_past_the_node_drain_wait(kw, step):
+    assert step_of(**{"record": LATE, **kw}) == step
+
+
+@pytest.mark.parametrize("record", [drain_record(), LATE, drain_record(tried=True)])
+def test_an_uncordon_cancels_a_node_drain(record):
+    assert step_of(record=record, leaving=False, draining=False, now=NOW + 40) == Step.DROP
+    # unknown is not "uncordoned": a node cache that cannot be read changes nothing
+    assert step_of(record=record, leaving=None, draining=False, now=NOW + 40) == Step.WAIT
+
+
+def test_an_uncordon_does_not_end_a_sick_pods_replace():
+    record = replacing(node="n1", node_since=NOW)
+    assert step_of(record=record, leaving=False, draining=False) == Step.WAIT
+    assert step_of(record=record, leaving=False, draining=False, others_ready=1) == Step.TAKE_OUT
+
+
+@pytest.mark.parametrize("record", [drain_record(), drain_record(node_since=None),
+                                    drain_record(tried=True)])
+def test_a_cordon_alone_never_lets_the_last_serving_replica_go(record):
+    for now in (NOW + 30, NOW + 10_000):
+        assert step_of(record=record, draining=False, spare_gpus=False, now=now) == Step.WAIT
+    # a replacement that serves elsewhere still takes its place (no ready count lost)
+    assert step_of(record=LATE, draining=False, others_ready=1, replacement_ready=True,
+                   now=NOW + 10_000) == Step.TAKE_OUT
+    # the drain's marker appears: its wait counts from then (node_since, noted by the glue)
+    assert step_of(record=drain_record(node_since=NOW + 100), now=NOW + 110) == Step.WAIT
 
 
 def test_lowered_replicas_only_from_the_count_the_drain_began_with():

@@ -12,17 +12,17 @@ with 200, and none of them is a container instance the fault hit (a pod's uid an
 count); a pod restarted by the kubelet in place counts once its new container serves.
 
 Modules: bed (Bed, Observed and their helpers), rows (ROWS), and the rows' scenarios by what
-fails: engine_faults, operator_faults, cluster_faults, stalls.
+fails: engine_faults, operator_faults, cluster_faults, node_drains, stalls.
 """
 
-from .bed import IGNORE_ALL, Bed, Observed, healthy, instance, is_ready
+from .bed import DRAIN_WAIT_S, IGNORE_ALL, Bed, Observed, healthy, instance, is_ready
 from .cluster_faults import hostile_tenant
 from .engine_faults import complete
 from .rows import ROWS, Row
 from .stalls import API_KEY_ENV, LONG_PROMPT_TOKENS, prompt_done, prompt_tokens
 
 __all__ = [
-    "API_KEY_ENV", "IGNORE_ALL", "LONG_PROMPT_TOKENS", "ROWS", "Bed", "Observed", "Row",
-    "complete", "healthy", "hostile_tenant", "instance", "is_ready", "prompt_done",
+    "API_KEY_ENV", "DRAIN_WAIT_S", "IGNORE_ALL", "LONG_PROMPT_TOKENS", "ROWS", "Bed", "Observed",
+    "Row", "complete", "healthy", "hostile_tenant", "instance", "is_ready", "prompt_done",
     "prompt_tokens",
 ]

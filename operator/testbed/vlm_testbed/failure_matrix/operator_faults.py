@@ -1,5 +1,5 @@
-"""Rows where the operator or the node goes away: operators killed mid-incident or mid-drain, a
-standby taking over, two VLMDeployments at once, `kubectl drain`."""
+"""Rows where the operator goes away: operators killed mid-incident or mid-drain, a standby
+taking over, two VLMDeployments at once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from vlm_operator.desired import children
 
-from .bed import DRAIN_WAIT_S, KEEP_ALIVE, instance, merged
+from .bed import KEEP_ALIVE, instance, merged
 from .engine_faults import storm_on_a_full_node
 from .stalls import metric
 
@@ -118,54 +118,3 @@ def two_at_once(bed: Bed, health: dict | None) -> Observed:
     seen.recovered_s = max(seen.recovered_s or 1e9, other.recovered_s or 1e9)
     seen.recovered_s = None if seen.recovered_s >= 1e9 else seen.recovered_s
     return seen
-
-
-def place_blocker(bed: Bed, node: str) -> None:
-    """A pod of another app holding the one GPU of `node`."""
-    bed.core.create_namespaced_pod(bed.ns, {"metadata": {"name": "other-app"}, "spec": {
-        "nodeName": node, "containers": [{
-            "name": "app", "image": "busybox", "command": ["sleep", "3600"],
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-    bed.wait("the other app running", lambda: bed.core.read_namespaced_pod(
-        "other-app", bed.ns).status.phase == "Running")
-
-
-def node_drain(gpu_free: bool):
-    """`kubectl drain` of the node of the only replica (default spec: 1 replica, minAvailable
-    1), two nodes of one GPU each, steady load on the Service. With the other GPU free the
-    drain finishes with no serving gap (a replacement first); with it taken (another app) the
-    drain is held DRAIN_WAIT_S (the operator's --node-drain-wait-seconds here), then goes
-    through."""
-    def run(bed: Bed, health: dict | None) -> Observed:
-        if not gpu_free:
-            bed.operator("--standalone", "--node-drain-wait-seconds", str(DRAIN_WAIT_S))
-        sim = bed.nodes(gpus_per_node=1, nodes=2)
-        bed.create("row", replicas=1, health=health)
-        (pod,) = bed.wait_ready("row", 1)
-        node = pod.spec.node_name
-        if not gpu_free:
-            place_blocker(bed, next(n for n in sim.node_names if n != node))
-        load = bed.load("row")
-        bed.wait("load on the pod", lambda: load.result()["answered"] >= 5)
-        start = time.time()
-        drain = bed.drain(node)
-        held, finished = [], []
-
-        def drained() -> bool:
-            remediating = bed.condition("row", "Remediating")
-            if remediating.get("reason") == "WaitingForCapacity" and not held:
-                held.append(remediating)
-            if drain.poll() is not None and not finished:
-                finished.append(time.time())
-            return bool(finished)
-
-        seen = bed.follow("row", 1, {instance(pod)}, start, until=drained, timeout=150,
-                          settle=2)
-        load.stop()
-        output = drain.communicate()[0] if finished else ""
-        seen.notes.update(load=load.result(), drain_rc=drain.poll(),
-                          drain_s=round(finished[0] - start, 1) if finished else None,
-                          drain_output=output[-600:], held_condition=held[0] if held else None,
-                          in_flight_left=len(bed.in_flight("row")))
-        return seen
-    return run

@@ -17,8 +17,13 @@ from .engine_faults import (
     storm_without_free_gpu,
     storms_on_two_pods_one_gpu,
 )
-from .operator_faults import (
+from .node_drains import (
+    SLOW_PULL_S,
+    cordon_without_drain,
     node_drain,
+    replacement_slower_than_the_drain_wait,
+)
+from .operator_faults import (
     operator_killed_mid_drain,
     operator_killed_mid_incident,
     operator_killed_stale_incident,
@@ -94,9 +99,20 @@ ROWS = [
         "drip-fed headers while the only replica's engine dies (exits 0)", hostile_tenant),
     Row("drain-gpu-free", "kubectl drain of the only replica's node, a GPU free elsewhere, "
         "under load", node_drain(gpu_free=True), probes=False),
-    Row("drain-no-gpu", "kubectl drain of the only replica's node, no GPU free anywhere",
-        node_drain(gpu_free=False), probes=False, own_operator=True,
+    Row("drain-no-gpu", "kubectl drain of the only replica's node, labelled with a drain "
+        "marker, no GPU free anywhere", node_drain(gpu_free=False), probes=False,
+        own_operator=True,
         must_not=f"held {DRAIN_WAIT_S} s (--node-drain-wait-seconds), then the drain finishes"),
+    Row("cordon-no-drain", "a cordon without a drain of the only replica's node (kubectl "
+        f"cordon, no drain marker), no GPU free anywhere, for 3 x {DRAIN_WAIT_S} s, then "
+        "uncordoned", cordon_without_drain, probes=False, own_operator=True,
+        must_not="the only serving replica is never taken out nor deleted for a cordon; the "
+                 "uncordon ends the wait"),
+    Row("drain-slow-replacement", "kubectl drain of the only replica's node (a drain marker), "
+        f"the replacement's start slower than the drain wait ({DRAIN_WAIT_S} s: a "
+        f"{SLOW_PULL_S} s image pull on a fresh node), under load",
+        replacement_slower_than_the_drain_wait, probes=False, own_operator=True,
+        must_not="no serving gap: the replacement is waited for past the drain wait"),
     Row("storms-two-pods-one-gpu", "retry storms on both of 2 pods, minAvailable 2, one GPU "
         "free", storms_on_two_pods_one_gpu, probes=False),
     Row("replace-under-load", "retry storm on the only replica (a GPU free), steady load",
