@@ -87,7 +87,8 @@ def policy_args(args: list[str]) -> list[str]:
     """The chart's policy arguments of the operator (what it serves and refuses): an operator
     run here under the chart's RBAC runs with them, as the chart's Deployment does."""
     return [a for a in args if a.startswith(("--allowed-", "--secret-label", "--deny-code",
-                                             "--autoscaling-mode", "--keda-prometheus"))]
+                                             "--autoscaling-mode", "--keda-prometheus",
+                                             "--no-inference-pools"))]
 
 
 def create_example(api, namespace: str) -> dict:
@@ -257,7 +258,13 @@ def test_helm_install_namespaced(cluster, api, helm, tmp_path):
             ("create", "scaledobjects.keda.sh", watched),
             ("delete", "scaledobjects.keda.sh", watched),
             ("patch", "replicasets.apps", watched),
+            # rbac.inferencePools off: spec.gateway.inferencePool is not served
+            ("get", "inferencepools.inference.networking.k8s.io", watched),
+            ("create", "inferencepools.inference.networking.k8s.io", watched),
+            ("patch", "inferencepools.inference.networking.k8s.io", watched),
+            ("delete", "inferencepools.inference.networking.k8s.io", watched),
         ])
+        assert "--no-inference-pools" in args
 
         kubeconfig = sa_kubeconfig(api, cluster.kubeconfig, system, sa, tmp_path / "sa.kubecfg")
         with OperatorProcess(kubeconfig, "-n", watched, "--peering", "vlm-operator",
@@ -341,11 +348,18 @@ def test_chart_policy_is_enforced_by_the_operator(cluster, api, helm, tmp_path):
             f"watchNamespaces={{{watched}}},replicaCount=0,peering.standalone=true,"
             "policy.allowedImagePrefixes={vllm/vllm-openai},"
             "policy.allowedPriorityClasses={gpu-online},"
-            f"policy.secretLabel={REFERABLE}=true")
+            f"policy.secretLabel={REFERABLE}=true,rbac.inferencePools=true")
         sa = f"{release}-vlm-operator"
         args = client.AppsV1Api(api).read_namespaced_deployment(sa, system).spec.template.spec \
             .containers[0].args
         chart_args = policy_args(args)
+        pools = "inferencepools.inference.networking.k8s.io"
+        assert_matrix(cluster, f"system:serviceaccount:{system}:{sa}", allowed=[
+            (verb, pools, watched) for verb in ("get", "create", "patch", "delete")
+        ], denied=[
+            ("list", pools, watched), ("watch", pools, watched), ("update", pools, watched),
+            ("create", pools, system), ("delete", pools, system),
+        ])
         assert [a for a in chart_args if not a.startswith("--autoscaling-mode")] == [
             "--allowed-image-prefix=vllm/vllm-openai", "--allowed-priority-class=gpu-online",
             f"--secret-label={REFERABLE}=true"]
