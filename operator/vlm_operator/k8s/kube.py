@@ -265,16 +265,21 @@ class Kube:
         return self.served("keda.sh/v1alpha1", "scaledobjects")
 
     def inference_pools_served(self) -> bool:
-        """Whether inference.networking.k8s.io/v1 InferencePools are served."""
-        return self.served("inference.networking.k8s.io/v1", "inferencepools")
+        """Whether inference.networking.k8s.io/v1 InferencePools are served. Asked only for a
+        VLMDeployment that wants a pool (or may have dropped one), so a "no" is asked again
+        each time: the pass after the CRD is installed makes the pool."""
+        return self.served("inference.networking.k8s.io/v1", "inferencepools",
+                           recheck_absent=True)
 
-    def served(self, api_version: str, resource: str) -> bool:
+    def served(self, api_version: str, resource: str, recheck_absent: bool = False) -> bool:
         """Whether the apiserver serves `resource` of the optional API `api_version` (a CRD);
         rechecked every SERVED_RECHECK_SECONDS, since it can be installed while the operator
-        runs. Only a 404 means not served: any other failure is raised (unknown is not no)."""
+        runs (`recheck_absent`: a "no" is not kept at all). Only a 404 means not served: any
+        other failure is raised (unknown is not no)."""
         now = time.monotonic()
         cached = self._served.get((api_version, resource))
-        if cached is None or now - cached[1] > SERVED_RECHECK_SECONDS:
+        if cached is None or now - cached[1] > SERVED_RECHECK_SECONDS or (
+                recheck_absent and not cached[0]):
             try:
                 resources = self._call("GET", f"/apis/{api_version}").get("resources", [])
                 found = any(r.get("name") == resource for r in resources)
