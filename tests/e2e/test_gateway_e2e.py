@@ -3,8 +3,9 @@ Gateway API Inference Extension (v1) installed on the test bed, a VLMDeployment'
 pod list with the pool's selector, which is what a gateway's endpoint picker chooses from.
 
 The test bed's apiserver is Kubernetes 1.20: the CRD's two CEL rules (x-kubernetes-validations,
-1.25+) are stripped there (vlm_testbed.gateway.install_crd); the unit tests hold rendered pools
-to them instead (tests/unit/deploy/test_object_schemas.py).
+1.25+) and its one empty-string default (which 1.20 reads as null) are stripped there
+(vlm_testbed.gateway.install_crd); the unit tests hold rendered pools to the CEL rules instead
+(tests/unit/deploy/test_object_schemas.py).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def pool_crd(api):
     """The InferencePool CRD for this module's tests, removed afterwards (no other module
     expects it)."""
     stripped = gateway.install_crd(api)
-    assert stripped, "the test bed's apiserver is 1.20: the CEL rules had to go"
+    assert stripped, "the test bed's apiserver is 1.20: without the CEL rules (1.25+)"
     yield
     client.ApiextensionsV1Api(api).delete_custom_resource_definition(f"{PLURAL}.{GROUP}")
     wait_for("InferencePool CRD removed", lambda: not crd_installed(api))
@@ -129,10 +130,11 @@ def test_a_pool_of_that_name_another_controller_owns_is_left_alone(api, ns, pool
     assert "ownerReferences" not in pool["metadata"]
 
 
-def leaves_selection(stream, name: str):
-    """The pod `name` leaving a label-selector watch (DELETED: its labels no longer match)."""
-    return next(ev["object"] for ev in stream
-                if ev["type"] == "DELETED" and ev["object"].metadata.name == name)
+def leaves_selection(api, ns, stream, name: str):
+    """The pod `name` as read right after it left a label-selector watch (DELETED: its labels
+    no longer match; the event carries the pod as it was while it still matched)."""
+    next(ev for ev in stream if ev["type"] == "DELETED" and ev["object"].metadata.name == name)
+    return client.CoreV1Api(api).read_namespaced_pod(name, ns)
 
 
 def test_a_fenced_pod_leaves_the_pool_at_once_and_comes_back_after_recovering(api, ns, sim,
@@ -151,7 +153,7 @@ def test_a_fenced_pod_leaves_the_pool_at_once_and_comes_back_after_recovering(ap
     died = time.monotonic()
     # the engine dies; the process stays up 5 s more, as vLLM's does while it shuts down
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})
-    left = leaves_selection(stream, a.metadata.name)
+    left = leaves_selection(api, ns, stream, a.metadata.name)
     took = time.monotonic() - died
     w.stop()
     print(f"fenced pod left the pool's selection {took:.3f} s after the engine died")
@@ -160,6 +162,7 @@ def test_a_fenced_pod_leaves_the_pool_at_once_and_comes_back_after_recovering(ap
     (cs,) = left.status.container_statuses
     assert cs.restart_count == 0 and cs.state.running is not None
     assert FENCE in (left.metadata.annotations or {})
+    assert left.metadata.labels[IN_SERVICE_LABEL] == "false"
     assert set(in_pool(api, ns, selector)) == {b.metadata.name}
 
     def back():
@@ -185,7 +188,7 @@ def test_a_drained_pod_leaves_the_pool_before_it_is_deleted(api, ns, sim, pool_c
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "load", "running": 1})  # in flight
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                              "count": 2})
-    left = leaves_selection(stream, a.metadata.name)
+    left = leaves_selection(api, ns, stream, a.metadata.name)
     w.stop()
     assert left.metadata.labels[IN_SERVICE_LABEL] == "false"
     assert left.metadata.deletion_timestamp is None

@@ -6,7 +6,9 @@ data/inference.networking.k8s.io_inferencepools.yaml is the CRD as the extension
 (x-kubernetes-validations) need Kubernetes 1.25+: an older apiserver (the test bed's 1.20)
 refuses the whole CRD with them, so install_crd strips them there. They are two (a picker
 Service needs a port; target port numbers are unique), and cel_problems checks both in Python so
-tests still hold rendered pools to them.
+tests still hold rendered pools to them. The 1.20 apiserver also refuses the one empty-string
+default (endpointPickerRef.group: "", read there as null); it goes too: the operator never
+writes that field, and "" is what an absent group means to the extension anyway.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ CEL_MIN_MINOR = 25  # x-kubernetes-validations: beta (on by default) from Kubern
 
 
 def crd(strip_cel: bool = False) -> dict:
-    """The CRD as published (its status dropped); `strip_cel`: without its CEL rules."""
+    """The CRD as published (its status dropped); `strip_cel`: for an apiserver older than
+    1.25, without its CEL rules and its empty-string default."""
     doc = yaml.safe_load(CRD_PATH.read_text())
     doc.pop("status", None)
-    return _without_cel(doc) if strip_cel else doc
+    return _for_old_apiservers(doc) if strip_cel else doc
 
 
 def schema() -> dict:
@@ -35,11 +38,12 @@ def schema() -> dict:
     return version["schema"]["openAPIV3Schema"]
 
 
-def _without_cel(node: Any) -> Any:
+def _for_old_apiservers(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: _without_cel(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+        return {k: _for_old_apiservers(v) for k, v in node.items()
+                if k != "x-kubernetes-validations" and not (k == "default" and v == "")}
     if isinstance(node, list):
-        return [_without_cel(v) for v in node]
+        return [_for_old_apiservers(v) for v in node]
     return copy.deepcopy(node)
 
 
