@@ -134,20 +134,23 @@ class Watch:
     def _poll(self) -> None:
         while not self._stop.wait(0.1):
             for name, seen in list(self.pods.items()):
-                if seen["acted_at"] is not None:
+                if seen["acted_at"] is not None and seen["not_ready_at"] is not None:
                     continue
                 try:
                     pod = self.bed.core.read_namespaced_pod(name, self.bed.ns)
                 except ApiException:
-                    seen["acted_at"] = time.time()  # gone
+                    if seen["acted_at"] is None:
+                        seen["acted_at"] = time.time()  # gone
+                    seen["not_ready_at"] = seen["not_ready_at"] or time.time()
                     continue
                 meta = pod.metadata
                 if seen["not_ready_at"] is None and any(
                         c.type == "Ready" and c.status == "False"
                         for c in pod.status.conditions or []):
                     seen["not_ready_at"] = time.time()
-                if meta.deletion_timestamp or FENCE in (meta.annotations or {}) or \
-                        (meta.labels or {}).get(IN_SERVICE_LABEL) == "false":
+                if seen["acted_at"] is None and (
+                        meta.deletion_timestamp or FENCE in (meta.annotations or {}) or
+                        (meta.labels or {}).get(IN_SERVICE_LABEL) == "false"):
                     seen["acted_at"] = time.time()
 
     def stop(self) -> None:
@@ -235,7 +238,7 @@ def left_pool(runs: list[dict]) -> str:
     a gateway goes by without the operator); "not measured" for runs from before the column."""
     if not any("left_pool_s" in r for r in runs):
         return "not measured"
-    return f"{median(runs, 'left_pool_s', 2)} (not Ready: {median(runs, 'not_ready_s')})"
+    return f"{median(runs, 'left_pool_s', 2)} (not Ready: {median(runs, 'not_ready_s', 2)})"
 
 
 def thrown(runs: list[dict]) -> str:
@@ -271,8 +274,8 @@ def markdown(out: dict) -> str:
         "",
         "Left the pool: from the fault (the stand-in writes the log line at once) to the pod "
         "leaving a pod list with its InferencePool's selector, from a watch opened before "
-        "the fault; beside it, when the pod's Ready condition went False (polled every "
-        "0.1 s), the only signal a gateway has without the operator.",
+        "the fault; beside it, when the pod's Ready condition went False or the pod was gone "
+        "(polled every 0.1 s), the only signal a gateway has without the operator.",
         "",
         "| row | mode | serving again | requests failed | reached the pod > 1 s after the "
         "action | left the pool | thrown away |",
