@@ -14,6 +14,7 @@ import copy
 
 from vlm_operator.api import crd
 from vlm_operator.api.names import PORT
+from vlm_operator.api.reports import Report
 from vlm_operator.api.validation import VLMDeployment
 from vlm_operator.desired import children
 
@@ -53,6 +54,30 @@ def get_gateway_children(vlmd: VLMDeployment, inference_pools: bool) -> list[dic
     them); without, none."""
     pool = get_inference_pool(vlmd) if inference_pools else None
     return [pool] if pool else []
+
+
+def asks_cluster(vlmd: VLMDeployment, managed: bool, drift: bool) -> bool:
+    """Whether a pass needs to know if the cluster serves InferencePools: only where this
+    installation manages them (`managed`) and the spec asks for a pool, or a new spec (not
+    `drift`) may have dropped one; a resync of any other spec costs no request."""
+    return managed and (crd.inference_pool(vlmd.spec) is not None or not drift)
+
+
+def get_pool_plan(vlmd: VLMDeployment, managed: bool, served: bool) -> tuple[bool, list[Report]]:
+    """Whether InferencePools may be written and deleted for `vlmd` (this installation manages
+    them and the cluster serves them), and the Degraded report when its spec asks for a pool
+    that cannot be made, naming what is missing."""
+    if managed and served:
+        return True, []
+    if crd.inference_pool(vlmd.spec) is None:
+        return False, []
+    missing = (
+        "this installation does not manage InferencePools (chart value rbac.inferencePools, "
+        "flag --inference-pools); no pool was made" if not managed else
+        f"the cluster does not serve {API_VERSION} InferencePools: install the Gateway API "
+        "Inference Extension's CRD (the pool is made once it is served)")
+    return False, [Report("Degraded", "True", "InferencePoolUnavailable",
+                          f"spec.gateway.inferencePool: {missing}")]
 
 
 def unwanted_pool(vlmd: VLMDeployment) -> tuple[str, str, str] | None:

@@ -176,7 +176,9 @@ class Reconciler:
         failures: list[ApiException] = []
         foreign: list[str] = []
         try:
-            pools, gateway = self._inference_pools(vlmd, drift)
+            served = inference_pool.asks_cluster(vlmd, self.inference_pools, drift) and \
+                self.kube.inference_pools_served()
+            pools, gateway = inference_pool.get_pool_plan(vlmd, self.inference_pools, served)
         except ApiException as exc:  # discovery failed: unknown, so neither written nor missing
             exc.child = f"{inference_pool.KIND} {vlmd.name}"
             failures.append(exc)
@@ -223,28 +225,6 @@ class Reconciler:
                         ", ".join(foreign))
         return failures, foreign, gateway
 
-    def _inference_pools(self, vlmd, drift: bool) -> tuple[bool, list[Report]]:
-        """Whether InferencePools may be written and deleted for `vlmd` (this installation
-        manages them and the cluster serves them), and the Degraded report when its spec asks
-        for a pool that cannot be made. The cluster is asked only when the answer matters: the
-        spec asks for a pool, or a new spec may have dropped one."""
-        wanted = crd.inference_pool(vlmd.spec) is not None
-        if not self.inference_pools:
-            return False, [Report(
-                "Degraded", "True", "InferencePoolUnavailable",
-                "spec.gateway.inferencePool: this installation does not manage InferencePools "
-                "(chart value rbac.inferencePools, flag --inference-pools); no pool was made")
-            ] if wanted else []
-        if not wanted and drift:
-            return False, []
-        if self.kube.inference_pools_served():
-            return True, []
-        return False, [Report(
-            "Degraded", "True", "InferencePoolUnavailable",
-            f"spec.gateway.inferencePool: the cluster does not serve "
-            f"{inference_pool.API_VERSION} InferencePools: install the Gateway API Inference "
-            "Extension's CRD (the pool is made once it is served)")] if wanted else []
-
     def _put_back_stale_drains(self, body: dict, vlmd, pods: list[dict]) -> None:
         """Pods the Builtin autoscaler took out of the Service when it is no longer on: nothing
         else would ever finish those drains."""
@@ -259,7 +239,7 @@ class Reconciler:
                          pools: bool) -> None:
         """Delete the HPA, ScaledObject or InferencePool this VLMDeployment made and no longer
         wants; one of the same name that is not ours (another controller's, a user's) stays.
-        `pools`: see _inference_pools."""
+        `pools`: see inference_pool.get_pool_plan."""
         served = (self.rules or admin_policy.AdminPolicy()).autoscaling_modes
         pool = inference_pool.unwanted_pool(vlmd) if pools else None
         for api_version, kind, child_name in [*autoscaler_objects.get_unwanted(

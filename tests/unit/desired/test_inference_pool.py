@@ -55,3 +55,26 @@ def test_a_spec_without_a_pool_wants_ours_gone():
     assert inference_pool.unwanted_pool(vlmd()) == (
         "inference.networking.k8s.io/v1", "InferencePool", "qwen")
     assert inference_pool.unwanted_pool(vlmd(gateway={"inferencePool": PICKER})) is None
+
+
+def test_the_cluster_is_asked_only_when_the_answer_matters():
+    wants, plain = vlmd(gateway={"inferencePool": PICKER}), vlmd()
+    assert inference_pool.asks_cluster(wants, managed=True, drift=True)
+    assert inference_pool.asks_cluster(plain, managed=True, drift=False)  # may have dropped one
+    assert not inference_pool.asks_cluster(plain, managed=True, drift=True)
+    assert not inference_pool.asks_cluster(wants, managed=False, drift=False)
+
+
+def test_the_plan_names_what_is_missing_for_a_spec_that_wants_a_pool():
+    wants, plain = vlmd(gateway={"inferencePool": PICKER}), vlmd()
+    assert inference_pool.get_pool_plan(wants, managed=True, served=True) == (True, [])
+    assert inference_pool.get_pool_plan(plain, managed=True, served=True) == (True, [])
+    assert inference_pool.get_pool_plan(plain, managed=False, served=False) == (False, [])
+    for managed, missing in ((False, "rbac.inferencePools"),
+                             (True, "does not serve inference.networking.k8s.io/v1")):
+        pools, (report,) = inference_pool.get_pool_plan(wants, managed=managed, served=False)
+        assert not pools
+        assert (report.type, report.status, report.reason) == (
+            "Degraded", "True", "InferencePoolUnavailable")
+        assert report.message.startswith("spec.gateway.inferencePool: ")
+        assert missing in report.message
