@@ -1,7 +1,11 @@
 """Recovery at the cost of real hardware: for the failure-matrix rows that restart or replace a
 pod, the time from the fault to the first request answered through the Service again, the
 requests that failed, the requests that still reached the sick pod more than 1 s after the
-operator acted on it, and what the recovery threw away, for three ways to recover:
+operator acted on it, the time from the fault's log line to the sick pod leaving a pod list with
+its InferencePool's selector (what a gateway's endpoint picker chooses from; every VLMDeployment
+here has spec.gateway.inferencePool, the extension's CRD installed without its CEL rules on the
+1.20 apiserver) beside the time to its Ready condition going False (all a gateway sees without
+the operator), and what the recovery threw away, for three ways to recover:
 
 - in place: spec.health.recovery InPlace (fence, then the kubelet's in-place restart, the
   plugin's restart request, a new pod only when those fail);
@@ -30,11 +34,13 @@ import time
 import uuid
 from pathlib import Path
 
+from kubernetes import watch as kwatch
 from kubernetes.client.exceptions import ApiException
 
 from common import machine
 from vlm_operator.api import crd
 from vlm_operator.api.names import FENCE, IN_SERVICE_LABEL
+from vlm_testbed import gateway
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import IGNORE_ALL, ROWS, Bed, Observed, Row, instance
 from vlm_testbed.firewall import OPERATOR_GID
@@ -48,9 +54,11 @@ ROW_IDS = ("engine-dead-exit0-1", "engine-dead-alive-1", "hung-engine",
            "storm-only-gpu-free", "engine-dead-all-3")
 MODES = {"in place": {"recovery": "InPlace"}, "new pod": {"recovery": "NewPod"},
          "probes only": IGNORE_ALL}
+GROUP, VERSION, PLURAL = "inference.networking.k8s.io", "v1", "inferencepools"
 RATE = 10.0
 PROBES_BLIND_S = 180.0
 FETCHED, COMPILED = "Time spent downloading weights", "Compiling a graph"
+POOL = {"inferencePool": {"endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}}
 
 
 def hung_engine(bed: Bed, health: dict | None) -> Observed:
@@ -70,48 +78,85 @@ HUNG = Row("hung-engine", "hung engine (its process stopped), 1 replica", hung_e
 
 
 class Watch:
-    """Around one row: the faults it injects (wrapping bed.fault), the load from the first
-    fault on, and when the operator first acted on each faulted pod (fenced it, took it out
-    of the Service, or deleted it), polled every 0.1 s."""
+    """Around one row: the VLMDeployments it creates, each with an InferencePool (wrapping
+    bed.create), the faults it injects (wrapping bed.fault), the load from the first fault on,
+    when the operator first acted on each faulted pod (fenced it, took it out of the Service,
+    or deleted it) and when its Ready condition went False, polled every 0.1 s, and when it
+    left the pool's pod list, from a watch with the pool's selector opened before the fault."""
 
     def __init__(self, bed: Bed) -> None:
         self.bed = bed
         self.fault_at: float | None = None
-        self.pods: dict[str, dict] = {}  # name -> {ip, node, uid, acted_at}
+        self.pods: dict[str, dict] = {}  # name -> {ip, node, uid, acted_at, ...}
         self.load: LoadClient | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
-        inject = bed.fault
+        self._pool_watch: kwatch.Watch | None = None
+        self.left_pool: dict[str, float] = {}  # pod name -> when it left the pool's list
+        inject, create = bed.fault, bed.create
 
         def fault(pod, spec):
             if self.fault_at is None:
+                self._watch_pool("row")
                 self.fault_at = time.time()
                 self.load = LoadClient.for_service(bed.api, bed.ns, "row", rate=RATE).start()
                 self._thread.start()
             self.pods[pod.metadata.name] = {"ip": pod.status.pod_ip, "uid": pod.metadata.uid,
                                             "node": pod.spec.node_name, "acted_at": None,
-                                            "instance": instance(pod)}
+                                            "not_ready_at": None, "instance": instance(pod)}
             inject(pod, spec)
 
         bed.fault = fault
+        bed.create = lambda name, **kw: create(name, gateway=POOL, **kw)
+
+    def _watch_pool(self, name: str) -> None:
+        """Follow the pods the InferencePool `name` selects: a DELETED event is a pod leaving
+        its selection (its labels no longer match, or it is gone)."""
+        pool = self.bed.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.bed.ns, PLURAL, name)
+        selector = ",".join(f"{k}={v}" for k, v in
+                            pool["spec"]["selector"]["matchLabels"].items())
+        listed = self.bed.core.list_namespaced_pod(self.bed.ns, label_selector=selector)
+        self._pool_watch = kwatch.Watch()
+        stream = self._pool_watch.stream(
+            self.bed.core.list_namespaced_pod, self.bed.ns, label_selector=selector,
+            resource_version=listed.metadata.resource_version, timeout_seconds=900)
+
+        def follow():
+            try:
+                for event in stream:
+                    if event["type"] == "DELETED":
+                        self.left_pool.setdefault(event["object"].metadata.name, time.time())
+            except Exception:  # the watch closed when the row ended
+                return
+        threading.Thread(target=follow, daemon=True).start()
 
     def _poll(self) -> None:
         while not self._stop.wait(0.1):
             for name, seen in list(self.pods.items()):
-                if seen["acted_at"] is not None:
+                if seen["acted_at"] is not None and seen["not_ready_at"] is not None:
                     continue
                 try:
                     pod = self.bed.core.read_namespaced_pod(name, self.bed.ns)
                 except ApiException:
-                    seen["acted_at"] = time.time()  # gone
+                    if seen["acted_at"] is None:
+                        seen["acted_at"] = time.time()  # gone
+                    seen["not_ready_at"] = seen["not_ready_at"] or time.time()
                     continue
                 meta = pod.metadata
-                if meta.deletion_timestamp or FENCE in (meta.annotations or {}) or \
-                        (meta.labels or {}).get(IN_SERVICE_LABEL) == "false":
+                if seen["not_ready_at"] is None and any(
+                        c.type == "Ready" and c.status == "False"
+                        for c in pod.status.conditions or []):
+                    seen["not_ready_at"] = time.time()
+                if seen["acted_at"] is None and (
+                        meta.deletion_timestamp or FENCE in (meta.annotations or {}) or
+                        (meta.labels or {}).get(IN_SERVICE_LABEL) == "false"):
                     seen["acted_at"] = time.time()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._pool_watch is not None:
+            self._pool_watch.stop()
         if self.load is not None:
             self.load.stop()
 
@@ -125,12 +170,17 @@ class Watch:
                 reached += self.load.sent_to(seen["ip"], seen["acted_at"] + 1.0,
                                              before=first or float("inf"))
         after = [s["acted_at"] - self.fault_at for s in self.pods.values() if s["acted_at"]]
+        left = [self.left_pool[n] - self.fault_at for n in self.pods if n in self.left_pool]
+        not_ready = [s["not_ready_at"] - self.fault_at for s in self.pods.values()
+                     if s["not_ready_at"]]
         result = self.load.result()
         return {"serving_again_s": round(first - self.fault_at, 2) if first else None,
                 "requests": {"started": result["started"],
                              "failed": self.load.failed_after(self.fault_at)},
                 "reached_after_action": reached,
-                "acted_s": round(min(after), 2) if after else None}
+                "acted_s": round(min(after), 2) if after else None,
+                "left_pool_s": round(min(left), 2) if left else None,
+                "not_ready_s": round(min(not_ready), 2) if not_ready else None}
 
     def thrown_away(self) -> dict:
         """What the pods serving now had to redo: a new pod, weights fetched, a compile."""
@@ -175,12 +225,20 @@ def run(api, kubeconfig, row, health: dict, node_options: dict, limit: float) ->
         return seen
 
 
-def median(runs: list[dict], key: str) -> str:
+def median(runs: list[dict], key: str, digits: int = 1) -> str:
     values = [r[key] for r in runs if r.get(key) is not None]
     if not values:
         return "never"
     missed = len(runs) - len(values)
-    return f"{statistics.median(values):.1f} s" + (f" ({missed} never)" if missed else "")
+    return f"{statistics.median(values):.{digits}f} s" + (f" ({missed} never)" if missed else "")
+
+
+def left_pool(runs: list[dict]) -> str:
+    """The pool column: when the pod left the pool's list, beside when it went not Ready (what
+    a gateway goes by without the operator); "not measured" for runs from before the column."""
+    if not any("left_pool_s" in r for r in runs):
+        return "not measured"
+    return f"{median(runs, 'left_pool_s', 2)} (not Ready: {median(runs, 'not_ready_s', 2)})"
 
 
 def thrown(runs: list[dict]) -> str:
@@ -214,9 +272,14 @@ def markdown(out: dict) -> str:
         f"the end, commit {m['commit']}. The hung engine under probes only is given "
         f"{PROBES_BLIND_S:g} s: its /health answers 200, so no probe acts.",
         "",
+        "Left the pool: from the fault (the stand-in writes the log line at once) to the pod "
+        "leaving a pod list with its InferencePool's selector, from a watch opened before "
+        "the fault; beside it, when the pod's Ready condition went False or the pod was gone "
+        "(polled every 0.1 s), the only signal a gateway has without the operator.",
+        "",
         "| row | mode | serving again | requests failed | reached the pod > 1 s after the "
-        "action | thrown away |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "action | left the pool | thrown away |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     notes = list(out.get("notes", []))  # how runs of several commits were put together
     for entry in out["rows"]:
@@ -227,7 +290,8 @@ def markdown(out: dict) -> str:
             acted = any(r.get("acted_s") is not None for r in runs)
             lines.append(f"| {entry['id']}: {entry['what']} | {mode} | "
                          f"{median(runs, 'serving_again_s')} | {failed} of {started} | "
-                         f"{reached if acted else 'n/a (nothing acted)'} | {thrown(runs)} |")
+                         f"{reached if acted else 'n/a (nothing acted)'} | {left_pool(runs)} | "
+                         f"{thrown(runs)} |")
     return "\n".join(lines + [part for note in notes for part in ("", note)]) + "\n"
 
 
@@ -254,6 +318,7 @@ def main() -> int:
     results = []
     with ControlPlane([crd.get_crd(), *crd.get_peering_crds()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
+        gateway.install_crd(api)  # CEL rules stripped on the 1.20 apiserver
         with OperatorProcess(cp.kubeconfig, "--standalone", "-n", f"{PREFIX}*",
                              gid=OPERATOR_GID):
             for row in rows:

@@ -12,7 +12,7 @@ import yaml
 
 from vlm_operator.api import admin_policy, crd, names
 from vlm_operator.api.validation import SpecError, parse, validate
-from vlm_operator.desired import children
+from vlm_operator.desired import children, inference_pool
 from vlm_operator.k8s import nodes
 from vlm_operator.remediation import steps as remediation
 
@@ -76,6 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         rendered += children.get_children(
             vlmd, pdb_api_version=args.pdb_api_version,
             prometheus_address=admin_policy.prometheus_address(vlmd.spec, rules))
+        rendered += inference_pool.get_gateway_children(vlmd, inference_pools=True)
     if failed:
         return EXIT_USAGE
     dump_yaml(rendered, sys.stdout)
@@ -259,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an autoscaling mode this installation serves (repeatable; "
                              "default: all of Builtin, HPA, KEDA); the others are refused")
     _keda_prometheus(policy)
+    policy.add_argument("--inference-pools", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="manage the InferencePools VLMDeployments ask for "
+                             "(spec.gateway.inferencePool; needs RBAC on inferencepools); "
+                             "--no-inference-pools: such a VLMDeployment is Degraded, "
+                             "InferencePoolUnavailable")
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -224,7 +224,7 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
                     stall_watch, autoscaler, reads, remediator)
     reconciler = Reconciler(kube, get_policy(args), report_providers=(
         autoscaler.reports, autoscaler.mode_reports, watchdog.reports, logwatch.reports,
-        stall_watch.reports, reads.reports))
+        stall_watch.reports, reads.reports), inference_pools=args.inference_pools)
 
     def forget(namespace: str, name: str) -> None:
         """The VLMDeployment is gone (or another shard's): its round state and series."""

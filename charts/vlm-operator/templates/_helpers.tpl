@@ -54,6 +54,9 @@ What the operator does inside a watched namespace, read off the code:
 - horizontalpodautoscalers, scaledobjects: every reconcile deletes the one a VLMDeployment does
   not want (a 404 when there is none), so delete is always granted; the rest only with
   rbac.hpa / rbac.keda.
+- inferencepools (only with rbac.inferencePools): the InferencePool of spec.gateway.inferencePool
+  is read, server-side applied (patch; create when missing) and deleted once the spec no longer
+  asks for it; the operator learns whether the cluster serves them from discovery.
 - kopfpeerings: kopf's peering heartbeats (patch) and runner.py creates the object.
 - secrets (get), only with policy.secretLabel: the operator reads the labels of the Secrets a
   VLMDeployment references (metadata only, never the data).
@@ -102,6 +105,11 @@ What the operator does inside a watched namespace, read off the code:
 {{- if .Values.rbac.keda }}
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.inferencePools }}
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 {{- if and .Values.watchNamespaces (not .Values.peering.standalone) }}

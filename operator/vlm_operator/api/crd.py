@@ -3,8 +3,9 @@
 `vlm-operator crd`, manifests/crds/, the Helm chart's crds/ and offline validation all read
 `get_crd()`; tests fail when the generated files drift from it. The schema is written by part:
 crd_spec.py (the spec), crd_health.py (spec.health), crd_autoscaling.py (spec.autoscaling),
-crd_status.py (the status); crd_peering.py holds kopf's peering CRDs. The names readers use
-(`crd.GROUP`, `crd.ACTIONS`, `crd.autoscaling_mode`, ...) are all reachable here.
+crd_gateway.py (spec.gateway), crd_status.py (the status); crd_peering.py holds kopf's peering
+CRDs. The names readers use (`crd.GROUP`, `crd.ACTIONS`, `crd.autoscaling_mode`, ...) are all
+reachable here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from vlm_operator.api import schema as s
 
 # the parts' names, for the CRD's readers (crd.ACTIONS, crd.autoscaling_mode, ...)
 from vlm_operator.api.crd_autoscaling import AUTOSCALING_MODES, autoscaling_mode  # noqa: F401
+from vlm_operator.api.crd_gateway import inference_pool  # noqa: F401
 from vlm_operator.api.crd_health import ACTIONS  # noqa: F401
 from vlm_operator.api.crd_peering import get_peering_crds
 from vlm_operator.api.crd_spec import DEFAULT_IMAGE, DTYPES  # noqa: F401

@@ -1,11 +1,12 @@
 """The CRD's spec: the model, image and hardware, the engine's settings (`vllm serve` flags and
-environment), resources, scheduling, identity, the model cache; spec.health and
-spec.autoscaling come from their own modules."""
+environment), resources, scheduling, identity, the model cache; spec.health,
+spec.autoscaling and spec.gateway come from their own modules."""
 
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
 from vlm_operator.api.crd_autoscaling import autoscaling
+from vlm_operator.api.crd_gateway import gateway
 from vlm_operator.api.crd_health import health
 
 DEFAULT_IMAGE = "ghcr.io/vlm-operator/vllm:v0.33.0"
@@ -175,6 +176,7 @@ def spec() -> s.Schema:
             ),
             "health": health(),
             "autoscaling": autoscaling(),
+            "gateway": gateway(),
         },
         required=["model"],
     )

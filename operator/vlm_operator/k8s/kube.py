@@ -43,9 +43,10 @@ _PLURALS = {
     "Pod": "pods",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
+    "InferencePool": "inferencepools",
     names.KIND: names.PLURAL,
 }
-KEDA_RECHECK_SECONDS = 10
+SERVED_RECHECK_SECONDS = 10  # optional APIs (KEDA, InferencePools) may be installed any time
 OWNERS_KEPT = 20_000  # controller references remembered by object uid (a few MB at most)
 NO_OWNER_RECHECK_S = 10.0  # an object that could not be read is asked for again after this
 CONNECT_TIMEOUT_S = 5.0
@@ -128,6 +129,8 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self._owners: dict[str, tuple[dict | None, float]] = {}  # uid -> (controller ref, when)
         self._owners_lock = threading.Lock()
+        # (apiVersion, resource) -> (served, when asked): optional APIs, see served()
+        self._served: dict[tuple[str, str], tuple[bool, float]] = {}
 
     def _call(self, method: str, path: str, *, body=None, query=None, content_type=None):
         headers = {"Accept": "application/json"}
@@ -258,19 +261,33 @@ class Kube:
             else "autoscaling/v2beta2"
 
     def keda_served(self) -> bool:
-        """Whether keda.sh/v1alpha1 ScaledObjects are served; rechecked every 10 s, since
-        KEDA can be installed while the operator runs."""
+        """Whether keda.sh/v1alpha1 ScaledObjects are served."""
+        return self.served("keda.sh/v1alpha1", "scaledobjects")
+
+    def inference_pools_served(self) -> bool:
+        """Whether inference.networking.k8s.io/v1 InferencePools are served. Asked only for a
+        VLMDeployment that wants a pool (or may have dropped one), so a "no" is asked again
+        each time: the pass after the CRD is installed makes the pool."""
+        return self.served("inference.networking.k8s.io/v1", "inferencepools",
+                           recheck_absent=True)
+
+    def served(self, api_version: str, resource: str, recheck_absent: bool = False) -> bool:
+        """Whether the apiserver serves `resource` of the optional API `api_version` (a CRD);
+        rechecked every SERVED_RECHECK_SECONDS, since it can be installed while the operator
+        runs (`recheck_absent`: a "no" is not kept at all). Only a 404 means not served: any
+        other failure is raised (unknown is not no)."""
         now = time.monotonic()
-        cached = getattr(self, "_keda", None)
-        if cached is None or now - cached[1] > KEDA_RECHECK_SECONDS:
+        cached = self._served.get((api_version, resource))
+        if cached is None or now - cached[1] > SERVED_RECHECK_SECONDS or (
+                recheck_absent and not cached[0]):
             try:
-                resources = self._call("GET", "/apis/keda.sh/v1alpha1").get("resources", [])
-                served = any(r.get("name") == "scaledobjects" for r in resources)
+                resources = self._call("GET", f"/apis/{api_version}").get("resources", [])
+                found = any(r.get("name") == resource for r in resources)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                served = False
-            cached = self._keda = (served, now)
+                found = False
+            cached = self._served[(api_version, resource)] = (found, now)
         return cached[0]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str,

@@ -19,7 +19,7 @@ from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.autoscaling import decide as autoscaling
 from vlm_operator.autoscaling.autoscaler import put_out_of_service
-from vlm_operator.desired import autoscaler_objects, children
+from vlm_operator.desired import autoscaler_objects, children, inference_pool
 from vlm_operator.k8s.kube import Kube, now_iso, priority_value, secret_labels
 from vlm_operator.reconcile import status
 from vlm_operator.remediation import incidents
@@ -57,11 +57,15 @@ ReportProvider = Callable[[str, str], list[Report]]
 
 class Reconciler:
     def __init__(self, kube: Kube, rules: admin_policy.AdminPolicy | None = None, *,
-                 report_providers: Sequence[ReportProvider] = ()):
+                 report_providers: Sequence[ReportProvider] = (),
+                 inference_pools: bool = True):
         """`rules`: the cluster admin's policy (admin_policy.py; None: none);
-        `report_providers`: the other parts' conditions, in the order they are published."""
+        `report_providers`: the other parts' conditions, in the order they are published;
+        `inference_pools`: whether this installation manages InferencePools (its RBAC grants
+        them: --inference-pools)."""
         self.kube = kube
         self.rules = rules
+        self.inference_pools = inference_pools
         self.report_providers = tuple(report_providers)
         self._guard = threading.Lock()
         self._running: set[tuple[str, str]] = set()
@@ -122,8 +126,9 @@ class Reconciler:
                 problems = exc.problems
         failures: list[ApiException] = []
         foreign: list[str] = []
+        gateway: list[Report] = []
         if vlmd is not None:
-            failures, foreign = self._apply_children(body, vlmd, drift=not first_look)
+            failures, foreign, gateway = self._apply_children(body, vlmd, drift=not first_look)
             if first_look:
                 for warning in warnings:
                     self.kube.post_event(body, Event("Warning", "SpecWarning", warning))
@@ -133,7 +138,8 @@ class Reconciler:
         pods = self.kube.list_pods(namespace, children.get_selector(name))
         if vlmd is not None:
             self._put_back_stale_drains(body, vlmd, pods)
-        reports = [r for provider in self.report_providers for r in provider(namespace, name)]
+        reports = [*gateway,
+                   *(r for provider in self.report_providers for r in provider(namespace, name))]
         if failures:
             reports.append(Report("Degraded", "True", "ApplyFailed", "; ".join(
                 _failure_text(exc) for exc in failures)))
@@ -158,23 +164,34 @@ class Reconciler:
             raise retry[0]
 
     def _apply_children(self, body: dict, vlmd, drift: bool
-                        ) -> tuple[list[ApiException], list[str]]:
+                        ) -> tuple[list[ApiException], list[str], list[Report]]:
         """Apply every child; one that fails (RBAC, admission, a bad field) does not stop the
         others. An object of a child's name that this VLMDeployment does not control (another
         app's Service, a PVC made by hand) is never written: a forced apply would take it over
-        and the garbage collector would delete it with the VLMDeployment. Returns the failures
-        and the objects left alone ("Kind name"), for status."""
+        and the garbage collector would delete it with the VLMDeployment. Returns the failures,
+        the objects left alone ("Kind name") and what the gateway's objects report, for
+        status."""
         hpa_version = self.kube.hpa_api_version
         keda = self.kube.keda_served()
-        if not drift:  # a new spec may no longer want an autoscaler an older one made
-            self._delete_unwanted(body, vlmd, hpa_version, keda)
+        failures: list[ApiException] = []
+        foreign: list[str] = []
+        try:
+            served = inference_pool.asks_cluster(vlmd, self.inference_pools, drift) and \
+                self.kube.inference_pools_served()
+            pools, gateway = inference_pool.get_pool_plan(vlmd, self.inference_pools, served)
+        except ApiException as exc:  # discovery failed: unknown, so neither written nor missing
+            exc.child = f"{inference_pool.KIND} {vlmd.name}"
+            failures.append(exc)
+            pools, gateway = False, []
+        if not drift:  # a new spec may no longer want an autoscaler or a pool an older one made
+            self._delete_unwanted(body, vlmd, hpa_version, keda, pools)
         surge = incidents.surge(body["metadata"].get("annotations"))
-        failures, foreign = [], []
         address = admin_policy.prometheus_address(vlmd.spec,
                                                   self.rules or admin_policy.AdminPolicy())
-        for child in children.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
-                                           surge, address,
-                                           self.kube.pdb_unhealthy_pod_eviction):
+        for child in [*children.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
+                                             surge, address,
+                                             self.kube.pdb_unhealthy_pod_eviction),
+                      *inference_pool.get_gateway_children(vlmd, pools)]:
             kind, child_name = child["kind"], child["metadata"]["name"]
             try:
                 before = self.kube.get(child["apiVersion"], kind, vlmd.namespace, child_name)
@@ -206,7 +223,7 @@ class Reconciler:
         if foreign:
             log.warning("%s/%s: not ours, left untouched: %s", vlmd.namespace, vlmd.name,
                         ", ".join(foreign))
-        return failures, foreign
+        return failures, foreign, gateway
 
     def _put_back_stale_drains(self, body: dict, vlmd, pods: list[dict]) -> None:
         """Pods the Builtin autoscaler took out of the Service when it is no longer on: nothing
@@ -218,12 +235,15 @@ class Reconciler:
                 "Normal", "DrainCancelled", f"put {pod} back into the Service: Builtin "
                 "autoscaling, which was draining it, is off"))
 
-    def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool) -> None:
-        """Delete the HPA or ScaledObject this VLMDeployment made and no longer wants; one of
-        the same name that is not ours (another controller's, a user's) stays."""
+    def _delete_unwanted(self, body: dict, vlmd, hpa_version: str, keda: bool,
+                         pools: bool) -> None:
+        """Delete the HPA, ScaledObject or InferencePool this VLMDeployment made and no longer
+        wants; one of the same name that is not ours (another controller's, a user's) stays.
+        `pools`: see inference_pool.get_pool_plan."""
         served = (self.rules or admin_policy.AdminPolicy()).autoscaling_modes
-        for api_version, kind, child_name in autoscaler_objects.get_unwanted(
-                vlmd, hpa_version, keda, served):
+        pool = inference_pool.unwanted_pool(vlmd) if pools else None
+        for api_version, kind, child_name in [*autoscaler_objects.get_unwanted(
+                vlmd, hpa_version, keda, served), *([pool] if pool else [])]:
             obj = self.kube.get(api_version, kind, vlmd.namespace, child_name)
             if obj is None or not children.is_controlled_by(obj, vlmd.uid):
                 continue

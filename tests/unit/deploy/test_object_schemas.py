@@ -3,7 +3,9 @@ projects that own them, newer than the test bed's v1.20 apiserver: hack/validate
 validates with npm's kubernetes-models (core, apps, policy, autoscaling, RBAC, admission, CRDs),
 @kubernetes-models/keda (ScaledObject) and @kubernetes-models/prometheus-operator
 (ServiceMonitor, PodMonitor, PrometheusRule), across a matrix of chart values (every optional
-feature) and VLMDeployment specs (every autoscaling mode, every optional field).
+feature) and VLMDeployment specs (every autoscaling mode, every optional field). InferencePools
+have no npm model: they are checked with jsonschema against the openAPIV3Schema of the Gateway
+API Inference Extension's own CRD (vlm_testbed/data), and against its two CEL rules.
 
 kopf's KopfPeering/ClusterKopfPeering are the one kind without an owner's schema: kopf publishes
 none (its CRD preserves unknown fields), so they are left out here. The compiled validators
@@ -13,18 +15,21 @@ apiserver, whose kubectl validation refuses them.
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import shutil
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 import yaml
 
 from vlm_operator.api import crd
 from vlm_operator.api.validation import parse
 from vlm_operator.desired import children
+from vlm_testbed import gateway
 from vlm_testbed.chart import template
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -96,7 +101,12 @@ SPECS = [
          modelCache={"size": "100Gi", "storageClassName": "fast",
                      "accessModes": ["ReadWriteOnce"]}),
     vlmd("existing-cache", modelCache={"claimName": "weights"}),
+    vlmd("gateway", gateway={"inferencePool": {"endpointPickerRef": {
+        "name": "gateway-epp", "port": {"number": 9002}}}}),
+    vlmd("gateway-fail-open", gateway={"inferencePool": {"endpointPickerRef": {
+        "name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"}}}),
 ]
+NO_NPM_MODEL = {"InferencePool"}
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +160,39 @@ def render(*args: str) -> list[dict]:
 def test_rendered_objects_match_their_owners_schemas(node, pdb):
     docs = render("--pdb-api-version", pdb)
     assert {"PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget",
-            "HorizontalPodAutoscaler", "ScaledObject"} == {d["kind"] for d in docs}
-    assert invalid(validate(node, docs)) == []
+            "HorizontalPodAutoscaler", "ScaledObject", "InferencePool"} == {
+        d["kind"] for d in docs}
+    assert invalid(validate(node, [d for d in docs if d["kind"] not in NO_NPM_MODEL])) == []
+
+
+def pool_problems(pool: dict) -> list[str]:
+    """What the extension's CRD refuses in `pool`: its schema, then its CEL rules."""
+    validator = jsonschema.Draft7Validator(gateway.schema())
+    return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                  for e in validator.iter_errors(pool)) + gateway.cel_problems(pool)
+
+
+def test_rendered_inference_pools_match_the_extensions_crd():
+    pools = [d for d in render() if d["kind"] == "InferencePool"]
+    assert [p["metadata"]["name"] for p in pools] == ["gateway", "gateway-fail-open"]
+    assert [pool_problems(p) for p in pools] == [[], []]
+
+
+def test_the_inference_pool_check_reports_what_breaks_the_extensions_crd():
+    (pool,) = [d for d in render() if d["metadata"]["name"] == "gateway"
+               and d["kind"] == "InferencePool"]
+    broken = copy.deepcopy(pool)
+    broken["spec"]["targetPorts"] = [{"number": 8000}, {"number": 8000}]
+    del broken["spec"]["endpointPickerRef"]["port"]
+    broken["spec"]["selector"]["matchLabels"]["bad"] = "-no-"
+    assert pool_problems(broken) == [
+        "spec.selector.matchLabels.bad: '-no-' does not match "
+        "'^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$'",
+        "spec.endpointPickerRef: port is required when kind is 'Service' or unspecified "
+        "(defaults to 'Service')",
+        "spec.targetPorts: port number must be unique"]
+    del broken["spec"]["selector"]
+    assert "spec: 'selector' is a required property" in pool_problems(broken)
 
 
 def test_what_the_operator_applies_on_older_clusters_and_while_replacing(node):

@@ -147,3 +147,40 @@ def test_schema_has_reads_an_openapi_v3_document():
     spec = "io.k8s.api.policy.v1.PodDisruptionBudgetSpec"
     assert schema_has(doc, spec, "unhealthyPodEvictionPolicy")
     assert not schema_has(doc, spec, "maxUnavailable") and not schema_has({}, spec, "x")
+
+
+class Discovery(kube.Kube):
+    """A Kube whose discovery answers come from `groups` (path -> resources; absent: 404,
+    None: a 503), counting the calls."""
+
+    def __init__(self, groups):
+        super().__init__(None)
+        self.groups, self.calls = groups, []
+
+    def _call(self, method, path, **_):
+        self.calls.append(path)
+        if path not in self.groups:
+            raise ApiException(status=404, reason="Not Found")
+        if self.groups[path] is None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        return {"resources": [{"name": r} for r in self.groups[path]]}
+
+
+def test_an_inference_pool_crd_installed_while_running_is_seen_on_the_next_ask():
+    """A "not served" answer for InferencePools is not kept: the pass after the CRD is
+    installed makes the pool, instead of waiting for the next resync. A "served" one is."""
+    k = Discovery({})
+    assert not k.inference_pools_served()
+    k.groups["/apis/inference.networking.k8s.io/v1"] = ["inferencepools", "inferencepools/status"]
+    assert k.inference_pools_served()
+    calls = len(k.calls)
+    assert k.inference_pools_served() and len(k.calls) == calls
+
+
+def test_discovery_that_fails_is_not_an_absent_api():
+    """Unknown is not no: a 503 is raised, never read as 'not installed'."""
+    k = Discovery({"/apis/inference.networking.k8s.io/v1": None})
+    with pytest.raises(ApiException):
+        k.inference_pools_served()
+    k = Discovery({"/apis/keda.sh/v1alpha1": ["scaledobjects"]})
+    assert k.keda_served() and not k.served("keda.sh/v1alpha1", "scaledjobs")
