@@ -41,6 +41,7 @@ from vlm_operator.k8s.kube import Kube, object_path
 from vlm_operator.k8s.pods import (
     container_status,
     is_running,
+    kept_pod,
     owner_name,
     restart_count,
     rfc3339,
@@ -267,7 +268,7 @@ class Follower(threading.Thread):
         pod = self.sink.kube.get("v1", "Pod", self.namespace, self.name)
         if pod is None or pod["metadata"]["uid"] != self.uid:
             return False
-        self.pod = pod
+        self.pod = kept_pod(pod)
         return True
 
     def _read_previous(self) -> None:

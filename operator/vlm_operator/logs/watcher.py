@@ -18,9 +18,10 @@ from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.api.names import LOG_MARK
+from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.k8s.pods import kept_pod, owner_name
 from vlm_operator.logs import signatures, stream
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
@@ -78,7 +79,7 @@ class LogWatch:
         self.followers = followers
         self.may_mark = may_mark or (lambda namespace: True)
         self.mark_every_s = mark_every_s
-        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark")}
+        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark", "owner")}
         self.windows = incidents.Windows()
         self._lock = threading.Lock()  # findings and the Events sent for them
         self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
@@ -86,24 +87,57 @@ class LogWatch:
 
     # -- pod events (from kopf)
     def observe(self, pod: dict, deleted: bool) -> None:
+        """A pod event (kopf selects pods by the operator's labels, which anyone may copy): only
+        a pod whose owner chain leads to its VLMDeployment is followed, and in the small form
+        of kept_pod. A follower whose pod stopped being ours is ended; one whose owners could
+        not be read goes on (the next write asks again)."""
         meta = pod["metadata"]
         uid = meta["uid"]
+        pod = kept_pod(pod)
+        ending = deleted or meta.get("deletionTimestamp")
+        ours = None if ending else self._ours(pod)
         followers = self.followers.by_uid
         with self.followers.lock:
             follower = followers.get(uid)
-            if deleted or meta.get("deletionTimestamp"):
+            if ending:
                 if follower is not None and deleted:
                     followers.pop(uid).stop()
                 elif follower is not None:  # terminating: its log is followed to the end
                     follower.hand(pod)
                 return
+            if ours is False:
+                if follower is not None:
+                    followers.pop(uid).stop()
+                return
             if follower is None:
+                if ours is None:  # unknown: the pod's next event asks again
+                    return
                 follower = followers[uid] = Follower(self, pod, self.mark_every_s)
                 follower.start()
             else:
                 follower.hand(pod)  # the follower waits on these, it never polls the pod
-        self._pod_findings(follower, pod)
+        if ours:
+            self._pod_findings(follower, pod)
         self.remediator.wake()  # readiness may have changed what a held incident waits for
+
+    def _ours(self, pod: dict) -> bool | None:
+        """Whether the pod's owner chain leads to the VLMDeployment its label names (None: its
+        owners could not be read). Controller references are remembered by Kube, so asking on
+        every write costs no request once a pod is known."""
+        if owner_name(pod) != (pod["metadata"].get("labels") or {}).get(INSTANCE_LABEL):
+            return False
+        try:
+            return bool(self.kube.owned_pods([pod]))
+        except ApiException as exc:
+            self._errors["owner"].log(log, logging.WARNING, "owners of pod %s/%s: %s %s",
+                                      pod["metadata"].get("namespace"),
+                                      pod["metadata"].get("name"), exc.status, exc.reason)
+            return None
+
+    def _still_ours(self, follower: Follower) -> bool:
+        """Before anything is written for a followed pod (its mark, an Event, a detection
+        handed to remediation): its owner chain still leads to its VLMDeployment."""
+        return self._ours(follower.pod) is True
 
     def follower_ended(self, follower: Follower) -> None:
         """The pod is gone (or stopped being followed): forget what was kept for it."""
@@ -197,7 +231,7 @@ class LogWatch:
         if follower.stopped.is_set() or not follower.owner:
             return
         try:
-            if self._pod_findings(follower, follower.pod):
+            if self._still_ours(follower) and self._pod_findings(follower, follower.pod):
                 self.reconcile(follower.namespace, follower.owner)
         except Exception as exc:
             self._errors["findings"].log(log, logging.WARNING, "findings of %s/%s failed: %s",
@@ -225,7 +259,7 @@ class LogWatch:
 
     def write_mark(self, follower: Follower, mark: Mark) -> None:
         """The follower's resume mark on its pod (only from the replica that acts)."""
-        if not self.may_mark(follower.namespace):
+        if not self.may_mark(follower.namespace) or not self._still_ours(follower):
             return
         try:
             self.kube.patch_pod(follower.namespace, follower.name,
@@ -240,7 +274,7 @@ class LogWatch:
     def previous_unreadable(self, follower: Follower, reason: str) -> None:
         """The previous container's log could not be read: say so on the pod and its
         VLMDeployment (what it logged before it ended is not known)."""
-        if not follower.owner:
+        if not follower.owner or not self._still_ours(follower):
             return
         self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
             "Warning", "PreviousLogUnavailable",
@@ -275,7 +309,7 @@ class LogWatch:
             follower.engine_dead_at = t
         if det.signature == "gpu_error":  # the ladder's input: its node is suspect
             follower.gpu_error = GpuError(t, det.fields.get("error", det.variant))
-        if not follower.owner:
+        if not follower.owner or not self._still_ours(follower):
             return
         try:
             self.remediator.report(
