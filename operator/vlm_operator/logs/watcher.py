@@ -23,11 +23,12 @@ from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import kept_pod, owner_name
 from vlm_operator.logs import signatures, stream
+from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
 from vlm_operator.logs.stream import Follower
 from vlm_operator.logs.throttle import Throttled
-from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
+from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLED, LOG_MARKS
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.policy import NOT_FROM_LOG
@@ -35,6 +36,8 @@ from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.remediation.suspect import GpuError
 
 log = logging.getLogger(__name__)
+
+THROTTLE_EVENT_EVERY_S = 600.0  # at most one LogThrottled Event per VLMDeployment this often
 
 
 class Heartbeats(Protocol):
@@ -65,14 +68,17 @@ class LogWatch:
                  remediator: Remediator, followers: Followers, *,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
-                 heartbeats: Heartbeats | None = None) -> None:
+                 heartbeats: Heartbeats | None = None,
+                 budget: LineBudget | None = None) -> None:
         """`reconcile(namespace, name)` publishes status and logs its own errors
         (Reconciler.refresh); `remediator`: where detections go; `followers`: the registry this
         watcher keeps the followers in (the remediator asks it about pods); `may_mark(namespace)`:
         whether this replica writes the pods' resume marks (the active one: one writer; None
         when it runs alone); `mark_every_s`: at most one mark per pod this often;
-        `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
+        `heartbeats`: where the engine heartbeats go (stall detection reads them); `budget`:
+        the lines and CPU the followers may spend (logs/budget.py)."""
         self.kube = kube
+        self.budget = budget if budget is not None else LineBudget()
         self.heartbeats = heartbeats if heartbeats is not None else _NoHeartbeats()
         self.reconcile = reconcile
         self.remediator = remediator
@@ -84,6 +90,7 @@ class LogWatch:
         self._lock = threading.Lock()  # findings and the Events sent for them
         self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
         self._events_sent: set[str] = set()
+        self._throttle_told: dict[tuple[str, str], float] = {}  # VLMDeployment -> last Event
 
     # -- pod events (from kopf)
     def observe(self, pod: dict, deleted: bool) -> None:
@@ -153,6 +160,7 @@ class LogWatch:
                                  if not k.startswith(follower.name + "/")}
         self.windows.forget(follower.uid)
         self.heartbeats.forget(follower.uid)
+        self.budget.forget(follower.namespace, follower.uid)
         if follower.owner:
             self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
 
@@ -286,6 +294,29 @@ class LogWatch:
         """The follower began reading this container's log, or its first line with vLLM's
         header came: findings again (and the timer for the startup line's grace)."""
         self._recheck(follower)
+
+    def throttled(self, follower: Follower, lines: int) -> None:
+        """Lines of the pod were skipped over its log budget: counted per namespace, and a
+        Warning Event on the pod and its VLMDeployment at most once per
+        THROTTLE_EVENT_EVERY_S for that VLMDeployment."""
+        LOG_LINES_THROTTLED.labels(follower.namespace).inc(lines)
+        key, now = (follower.namespace, follower.owner), time.monotonic()
+        with self._lock:
+            last = self._throttle_told.get(key)
+            if not follower.owner or (last is not None and now - last < THROTTLE_EVENT_EVERY_S):
+                return
+            self._throttle_told = {k: t for k, t in self._throttle_told.items()
+                                   if now - t < THROTTLE_EVENT_EVERY_S}
+            self._throttle_told[key] = now
+        if not self._still_ours(follower):
+            return
+        lines_s, cpu_s = self.budget.share(follower.namespace)
+        self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
+            "Warning", "LogThrottled",
+            f"{follower.name}: its log goes over its share of the operator's log budget "
+            f"(now {lines_s:g} lines/s and {cpu_s * 1000:g} ms of CPU per second, "
+            f"{BURST_S:g} s of it at once): the lines over it are skipped unread, so a "
+            "failure they show is not detected from the log"))
 
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:

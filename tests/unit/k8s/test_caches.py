@@ -12,7 +12,6 @@ from vlm_operator.api import names
 from vlm_operator.desired import children
 from vlm_operator.k8s import caches
 from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
-from vlm_operator.k8s.pods import MAX_KEPT_ANNOTATION
 
 from ..waiting import wait_until
 
@@ -159,7 +158,7 @@ def test_a_foreign_labelled_pod_is_not_held_and_ours_only_as_far_as_the_operator
     blob = {"tenant.example/blob": "x" * 250_000}
     ours = obj("p1", "1", **app)
     ours["metadata"]["annotations"] = {**blob, names.LOG_MARK: "{}",
-                                       names.FENCE: "y" * (MAX_KEPT_ANNOTATION + 1)}
+                                       names.FENCE: "y" * 5_000}
     ours["metadata"]["ownerReferences"] = [
         {"kind": "ReplicaSet", "name": "m-1", "uid": "rs", "controller": True},
         *({"kind": "Thing", "name": f"t{i}", "uid": str(i)} for i in range(1000))]

@@ -1,9 +1,9 @@
-"""stream.py: when a follower reconnects, and a follower against a stub API (not-running pods,
+"""stream.py and reconnect.py: when a follower reconnects, and a follower against a stub API (not-running pods,
 previous logs, the logging prefix, failing lines, resume marks)."""
 
 from __future__ import annotations
 
-from vlm_operator.logs.stream import (
+from vlm_operator.logs.reconnect import (
     END_WAIT_S,
     ENDED,
     ERROR,
@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from vlm_operator.api.names import LOG_MARK  # noqa: E402
 from vlm_operator.k8s.pods import rfc3339  # noqa: E402
 from vlm_operator.logs import stream  # noqa: E402
+from vlm_operator.logs.budget import LineBudget  # noqa: E402
 from vlm_operator.logs.marks import Mark  # noqa: E402
 from vlm_operator.logs.stream import Follower  # noqa: E402
 
@@ -95,8 +96,10 @@ class Api:
 
 
 class Sink:
-    def __init__(self, answer=lambda q: Stream([])):
+    def __init__(self, answer=lambda q: Stream([]), budget=None):
         self.kube = self
+        self.budget = budget or LineBudget()
+        self.throttles = []
         self.api = Api(answer)
         self.gets, self.marks, self.unreadable, self.ended = 0, [], [], threading.Event()
 
@@ -125,6 +128,9 @@ class Sink:
 
     def log_news(self, follower):
         pass
+
+    def throttled(self, follower, lines):
+        self.throttles.append(lines)
 
 
 def until(what, check, timeout=10.0):
