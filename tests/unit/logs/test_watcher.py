@@ -246,3 +246,28 @@ def test_a_labelled_pod_the_operator_did_not_create_is_never_followed_nor_writte
         assert watch.followers.get("uid-p1") is None  # its follower ended
     finally:
         watch.stop()
+
+
+def test_a_throttled_pod_is_counted_per_namespace_and_told_once_per_window():
+    """Lines skipped over a pod's log budget are counted per namespace, and said once per
+    window by a Warning Event on the pod and its VLMDeployment, not once per skipped chunk;
+    a pod that is not ours gets none."""
+    from vlm_operator.metrics import LOG_LINES_THROTTLED
+
+    kube = FakeKube()
+    kube.add_vlmd("ml", "demo")
+    watch = LogWatch(kube, lambda ns, name: None, Remediator(kube, lambda ns, name: None),
+                     Followers())
+    try:
+        follower = Follower(watch, fake_pod("p1", owner="demo", namespace="ml"))
+        counted = LOG_LINES_THROTTLED.labels("ml")._value.get()
+        for _ in range(3):
+            watch.throttled(follower, 500)
+        assert LOG_LINES_THROTTLED.labels("ml")._value.get() - counted == 1_500
+        assert [c[1:] for c in kube.writes()] == [("Pod", "p1", "LogThrottled"),
+                                                 ("VLMDeployment", "demo", "LogThrottled")]
+        kube.foreign.add("uid-x")
+        watch.throttled(Follower(watch, fake_pod("x", owner="other", namespace="ml")), 9)
+        assert len(kube.writes()) == 2
+    finally:
+        watch.stop()
