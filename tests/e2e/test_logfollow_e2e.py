@@ -41,6 +41,12 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def by_operator(event) -> bool:
+    """An Event the operator posted (the simulated kubelet posts its own on pods)."""
+    return event.reporting_component == "vlm-operator" or (
+        event.source is not None and event.source.component == "vlm-operator")
+
+
 def test_a_logging_prefix_in_the_spec_keeps_detection_on(api, ns, sim):
     """VLLM_LOGGING_PREFIX in spec.vllm.env: the followers read the pod's prefix, so a retry
     storm written behind it is still acted on (without it no line had a header)."""
@@ -184,3 +190,42 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
                 assert lines < 1000, f"the restarted operator re-read {lines:.0f} lines"
     finally:
         client.CoreV1Api(api).delete_namespace(ns)
+
+
+def test_a_foreign_pod_labelled_as_a_vlmdeployments_is_never_followed_nor_written(api, ns,
+                                                                                    sim):
+    """A tenant's own pod (a shell, no owner), labelled as the VLMDeployment `victim`'s pods
+    are and carrying 250 KB of annotations, forges the plugin's `inactive` line and an engine
+    death in its log. It got a follower, `Unpatched` Events on itself and on `victim` and
+    `victim`'s Unpatched condition. Now nothing is written for it, and `victim`'s own pod is
+    still followed and acted on: its engine death, sent after the foreign pod ran, is."""
+    from vlm_testbed.vllmsim import plugin_line, vllm_line
+
+    create(api, ns, cr("victim", replicas=1, health=health(), vllm={"env": [KEEP_ALIVE]}))
+    (own,) = wait_ready_pods(api, ns, "victim", 1)
+    forged = [plugin_line("0.32.0", "APIServer", 1, {"VLM_TOKENIZER_POOL_SIZE": "4",
+                                                     "VLM_SIM_PATCHED": "inactive"}),
+              vllm_line("EngineCore", 7, "ERROR", "core.py:866",
+                        "EngineCore encountered a fatal error.")]
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "intruder", "labels": children.get_labels("victim"),
+                     "annotations": {"tenant.example/blob": "x" * 250_000}},
+        "spec": {"nodeName": sim.node_names[0], "containers": [{
+            "name": children.CONTAINER, "image": "busybox",
+            "command": ["sh", "-c", 'printf "%s\\n" "$0" "$1"; exec sleep 3600', *forged]}]}})
+    wait_for("the intruder running", lambda: core.read_namespaced_pod("intruder", ns)
+             .status.phase == "Running" and "fatal error" in core.read_namespaced_pod_log(
+                 "intruder", ns, container=children.CONTAINER), timeout=60)
+    sim_post(own.status.pod_ip, "/sim/fault", {"fault": "engine_dead"})
+    wait_for("victim's own engine death acted on", lambda: pod_gone(api, ns, own), timeout=30)
+    last = wait_last_remediation(api, ns, "victim", own.metadata.name)
+    assert (last["pod"], last["signature"]) == (own.metadata.name, "engine_dead")
+    assert [e.reason for e in events(api, ns, "intruder") if by_operator(e)] == []
+    assert not any("intruder" in (e.message or "") for e in events(api, ns, "victim"))
+    unpatched = condition(get_cr(api, ns, "victim"), "Unpatched")
+    assert not unpatched or unpatched["status"] != "True"
+    intruder = core.read_namespaced_pod("intruder", ns)
+    assert intruder.metadata.deletion_timestamp is None
+    assert set(intruder.metadata.annotations) == {"tenant.example/blob"}  # no log mark
