@@ -8,7 +8,8 @@ every other thread of the operator would wait. The whole budget is LINES_PER_S l
 CPU_PER_S seconds of CPU per second. A namespace whose pods logged in the last RECENT_S gets an
 even share of it (all of it when alone), and each of its pods that logged then an even share of
 the namespace's. Each pod has two token buckets, lines and CPU seconds, refilled at its share
-and holding at most BURST_S of it. A line is scanned only while both of its pod's buckets hold
+and holding BURST_S of it, but at least MIN_BURST_LINES lines and MIN_BURST_CPU_S (however many
+pods share the budget, a traceback of a hundred lines still fits). A line is scanned only while both of its pod's buckets hold
 tokens; the line then takes one line token, and the CPU its handling took (time.thread_time:
 decoding, the signatures, the detections) is taken from the CPU bucket afterwards. Lines over
 the budget are skipped before they are decoded: no regex runs on them.
@@ -31,7 +32,8 @@ from vlm_operator.engine.fairpool import shares
 
 LINES_PER_S = 10_000  # about a fifth of one core at 20 µs a line
 CPU_PER_S = 0.25  # seconds of CPU per second, all followers together
-BURST_S = 30.0  # a bucket holds this many seconds of its share: a quiet pod's crash fits
+BURST_S = 5.0  # a bucket holds this many seconds of its share, and at least:
+MIN_BURST_LINES, MIN_BURST_CPU_S = 500, 0.02  # a crash's traceback after a quiet spell fits
 RECENT_S = 10.0  # a pod (a namespace) that logged within this counts when shares are made
 SWEEP_S = 1.0  # shares are counted again this often
 _CPU_UNIT = 1e-6  # CPU shares are made in microseconds (fairpool.shares divides integers)
@@ -81,14 +83,14 @@ class LineBudget:
             if bucket is None or now - bucket.seen > self.recent_s:  # active from now
                 self._active[namespace] = self._active.get(namespace, 0) + 1
             lines_rate, cpu_rate = self._share(namespace)
-            if bucket is None:  # a new pod starts with a full bucket
-                bucket = pods[uid] = _Bucket(lines_rate * self.burst_s,
-                                             cpu_rate * self.burst_s, now, now)
+            most_lines = max(lines_rate * self.burst_s, MIN_BURST_LINES)
+            most_cpu = max(cpu_rate * self.burst_s, MIN_BURST_CPU_S)
+            if bucket is None:  # a new pod starts with full buckets
+                bucket = pods[uid] = _Bucket(most_lines, most_cpu, now, now)
             else:
                 elapsed = now - bucket.at
-                bucket.lines = min(lines_rate * self.burst_s,
-                                   bucket.lines + elapsed * lines_rate)
-                bucket.cpu = min(cpu_rate * self.burst_s, bucket.cpu + elapsed * cpu_rate)
+                bucket.lines = min(most_lines, bucket.lines + elapsed * lines_rate)
+                bucket.cpu = min(most_cpu, bucket.cpu + elapsed * cpu_rate)
                 bucket.at = now
             bucket.seen = now
             if bucket.lines >= 1 and bucket.cpu > 0:

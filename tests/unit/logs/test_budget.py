@@ -36,7 +36,7 @@ def test_cpu_spent_holds_the_pods_lines_until_it_refilled():
     clock = Clock()
     budget = LineBudget(lines_per_s=1_000, cpu_per_s=0.01, burst_s=1.0, clock=clock)
     assert budget.admit("a", "a1")
-    budget.spend("a", "a1", 0.05)  # one costly line: five seconds of its CPU share
+    budget.spend("a", "a1", 0.07)  # one costly line: 7 s of its CPU share, past its 20 ms
     assert not budget.admit("a", "a1")
     clock.now += 4.0
     assert not budget.admit("a", "a1")
