@@ -9,10 +9,11 @@ CPU_PER_S seconds of CPU per second. A namespace whose pods logged in the last R
 even share of it (all of it when alone), and each of its pods that logged then an even share of
 the namespace's. Each pod has two token buckets, lines and CPU seconds, refilled at its share
 and holding BURST_S of it, but at least MIN_BURST_LINES lines and MIN_BURST_CPU_S (however many
-pods share the budget, a traceback of a hundred lines still fits). A line is scanned only while both of its pod's buckets hold
-tokens; the line then takes one line token, and the CPU its handling took (time.thread_time:
-decoding, the signatures, the detections) is taken from the CPU bucket afterwards. Lines over
-the budget are skipped before they are decoded: no regex runs on them.
+pods share the budget, a traceback of a hundred lines still fits). A line is scanned only while
+both of its pod's buckets hold tokens; the line then takes one line token, and the CPU its
+handling took (time.thread_time: decoding, the signatures, the detections) is taken from the CPU
+bucket afterwards. Lines over the budget are skipped before they are decoded: no regex runs on
+them.
 
 No bucket is shared between pods, so a pod within its own share never has a line skipped,
 whatever other pods of its namespace or other namespaces send: every one of its lines, an
