@@ -75,29 +75,41 @@ class LineBudget:
 
     def admit(self, namespace: str, uid: str) -> bool:
         """Whether the pod's next line is scanned (it takes a line token) or skipped."""
-        now = self.clock()
         with self._lock:
-            if now - self._swept >= SWEEP_S:
-                self._sweep(now)
-            pods = self._pods.setdefault(namespace, {})
-            bucket = pods.get(uid)
-            if bucket is None or now - bucket.seen > self.recent_s:  # active from now
-                self._active[namespace] = self._active.get(namespace, 0) + 1
-            lines_rate, cpu_rate = self._share(namespace)
-            most_lines = max(lines_rate * self.burst_s, MIN_BURST_LINES)
-            most_cpu = max(cpu_rate * self.burst_s, MIN_BURST_CPU_S)
-            if bucket is None:  # a new pod starts with full buckets
-                bucket = pods[uid] = _Bucket(most_lines, most_cpu, now, now)
-            else:
-                elapsed = now - bucket.at
-                bucket.lines = min(most_lines, bucket.lines + elapsed * lines_rate)
-                bucket.cpu = min(most_cpu, bucket.cpu + elapsed * cpu_rate)
-                bucket.at = now
-            bucket.seen = now
+            bucket = self._refilled(namespace, uid)
             if bucket.lines >= 1 and bucket.cpu > 0:
                 bucket.lines -= 1
                 return True
             return False
+
+    def spent(self, namespace: str, uid: str) -> bool:
+        """Whether the pod is over its budget now (no token is taken): a follower skips a
+        whole chunk of its stream then, without splitting it into lines."""
+        with self._lock:
+            bucket = self._refilled(namespace, uid)
+            return bucket.lines < 1 or bucket.cpu <= 0
+
+    def _refilled(self, namespace: str, uid: str) -> _Bucket:
+        """The pod's buckets, refilled at its share up to their size (under the lock)."""
+        now = self.clock()
+        if now - self._swept >= SWEEP_S:
+            self._sweep(now)
+        pods = self._pods.setdefault(namespace, {})
+        bucket = pods.get(uid)
+        if bucket is None or now - bucket.seen > self.recent_s:  # active from now
+            self._active[namespace] = self._active.get(namespace, 0) + 1
+        lines_rate, cpu_rate = self._share(namespace)
+        most_lines = max(lines_rate * self.burst_s, MIN_BURST_LINES)
+        most_cpu = max(cpu_rate * self.burst_s, MIN_BURST_CPU_S)
+        if bucket is None:  # a new pod starts with full buckets
+            bucket = pods[uid] = _Bucket(most_lines, most_cpu, now, now)
+        else:
+            elapsed = now - bucket.at
+            bucket.lines = min(most_lines, bucket.lines + elapsed * lines_rate)
+            bucket.cpu = min(most_cpu, bucket.cpu + elapsed * cpu_rate)
+            bucket.at = now
+        bucket.seen = now
+        return bucket
 
     def spend(self, namespace: str, uid: str, cpu_s: float) -> None:
         """The CPU a scanned line took, from its pod's bucket (it may go below zero: the pod's

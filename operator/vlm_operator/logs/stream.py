@@ -97,7 +97,6 @@ class Sink(Protocol):
     def throttled(self, follower: Follower, lines: int) -> None: ...
 
 
-
 class Follower(threading.Thread):
     """Follows one pod's vllm container log until stopped or the pod is gone. The pod object
     comes from the pod's watch events (`hand`), not from polling the apiserver."""
@@ -136,9 +135,8 @@ class Follower(threading.Thread):
         self._marked_ns = 0  # ... when the last mark was written
         self._mark_at = time.monotonic()
         self._errors = Throttled()
-        self._skipped = 0  # lines over the pod's log budget not yet reported
-        self._gap = self._gap_cr = False  # lines skipped since the last one scanned (one of
-        # them ended mid-record)
+        self._skipped = 0  # lines over the pod's log budget not yet reported (sink.throttled)
+        self._gap = self._gap_cr = False  # lines skipped since the last scanned; one mid-record
 
     @property
     def readable(self) -> bool:
@@ -316,8 +314,11 @@ class Follower(threading.Thread):
             for chunk in raw.stream(65536, decode_content=False):
                 if self.stopped.is_set():
                     return
-                for line in splitter.feed(chunk):
-                    self._offer(line)
+                if self.sink.budget.spent(self.namespace, self.uid):  # not split into lines
+                    self._skipped_lines(*splitter.skip(chunk))
+                else:
+                    for line in splitter.feed(chunk):
+                        self._offer(line)
                 self._report_skipped()
             rest = splitter.rest()
             if rest and previous:  # a dead container's last line may lack its newline
@@ -331,20 +332,21 @@ class Follower(threading.Thread):
 
     def _offer(self, raw: bytes) -> None:
         """A line within the pod's log budget (budget.py) is scanned and the CPU it took
-        charged; one over it is skipped before it is even decoded. The matcher is told of a
-        gap before the next line it sees (Scanner.skipped)."""
+        charged; one over it is skipped undecoded, the matcher told of the gap later."""
         budget = self.sink.budget
         if not budget.admit(self.namespace, self.uid):
-            self._skipped += 1
-            self._gap = True
-            self._gap_cr = self._gap_cr or raw.endswith(b"\r")
-            return
+            return self._skipped_lines(1, raw.endswith(b"\r"))
         started = time.thread_time()
         if self._gap:
             self.scanner.skipped(self._gap_cr)
             self._gap = self._gap_cr = False
         self._line(raw.decode("utf-8", "replace"))
         budget.spend(self.namespace, self.uid, time.thread_time() - started)
+
+    def _skipped_lines(self, lines: int, ended_cr: bool) -> None:
+        if lines:  # counted; the matcher is told of the gap before the next line it sees
+            self._skipped += lines
+            self._gap, self._gap_cr = True, self._gap_cr or ended_cr
 
     def _report_skipped(self) -> None:
         if self._skipped:
