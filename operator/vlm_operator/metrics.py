@@ -73,6 +73,10 @@ LOG_PREVIOUS_UNREADABLE = Counter("vlm_operator_log_previous_unreadable_total",
                                   "Previous-container logs that could not be read (the kubelet "
                                   "lost the container, e.g. after a node restart) and were "
                                   "skipped to follow the current container.")
+LOG_LINES_THROTTLED = Counter("vlm_operator_log_lines_throttled_total",
+                              "Log lines skipped unread because their pod logged more than its "
+                              "share of the log budget (lines and CPU per second), by "
+                              "namespace.", ["vlmdeployment_namespace"])
 LOG_MARKS = Counter("vlm_operator_log_marks_total",
                     "Resume marks written to followed pods (the last log line handled), by "
                     "result (written, error).", ["result"])

@@ -41,6 +41,12 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def by_operator(event) -> bool:
+    """An Event the operator posted (the simulated kubelet posts its own on pods)."""
+    return event.reporting_component == "vlm-operator" or (
+        event.source is not None and event.source.component == "vlm-operator")
+
+
 def test_a_logging_prefix_in_the_spec_keeps_detection_on(api, ns, sim):
     """VLLM_LOGGING_PREFIX in spec.vllm.env: the followers read the pod's prefix, so a retry
     storm written behind it is still acted on (without it no line had a header)."""
@@ -121,14 +127,20 @@ def test_a_hostile_log_costs_bounded_memory_and_no_traceback_per_line(api, ns, s
     line, nothing is acted on, and the pod's later engine death still is."""
     create(api, ns, cr("hostile", replicas=1, health=health(), vllm={"env": [KEEP_ALIVE]}))
     (pod,) = wait_ready_pods(api, ns, "hostile", 1)
+    def lines_read():  # scanned, or skipped over the pod's log budget (logs/budget.py)
+        text = operator.metrics()
+        return (metric(text, "vlm_operator_log_lines_total")
+                + metric(text, "vlm_operator_log_lines_throttled_total",
+                         vlmdeployment_namespace=ns))
+
     log_before = len(operator.log())
-    lines_before = metric(operator.metrics(), "vlm_operator_log_lines_total")
+    lines_before = lines_read()
     rss_before = rss_kib(operator.proc.pid)
     sim_post(pod.status.pod_ip, "/sim/fault", [
         {"fault": "giant_pid", "lines": 500, "digits": 5000},
         {"fault": "proc_flood", "lines": 300_000}])
-    wait_for("the flood read", lambda: metric(operator.metrics(), "vlm_operator_log_lines_total")
-             - lines_before >= 300_500, timeout=180, interval=1)
+    wait_for("the flood read", lambda: lines_read() - lines_before >= 300_500, timeout=180,
+             interval=1)
     grown_mib = (rss_kib(operator.proc.pid) - rss_before) / 1024
     assert grown_mib < 10, f"the operator grew by {grown_mib:.0f} MiB"
     new_log = operator.log()[log_before:]
@@ -184,3 +196,42 @@ def test_a_restarted_operator_resumes_from_the_mark_not_the_log_start(api, clust
                 assert lines < 1000, f"the restarted operator re-read {lines:.0f} lines"
     finally:
         client.CoreV1Api(api).delete_namespace(ns)
+
+
+def test_a_foreign_pod_labelled_as_a_vlmdeployments_is_never_followed_nor_written(api, ns,
+                                                                                    sim):
+    """A tenant's own pod (a shell, no owner), labelled as the VLMDeployment `victim`'s pods
+    are and carrying 250 KB of annotations, forges the plugin's `inactive` line and an engine
+    death in its log. It got a follower, `Unpatched` Events on itself and on `victim` and
+    `victim`'s Unpatched condition. Now nothing is written for it, and `victim`'s own pod is
+    still followed and acted on: its engine death, sent after the foreign pod ran, is."""
+    from vlm_testbed.vllmsim import plugin_line, vllm_line
+
+    create(api, ns, cr("victim", replicas=1, health=health(), vllm={"env": [KEEP_ALIVE]}))
+    (own,) = wait_ready_pods(api, ns, "victim", 1)
+    forged = [plugin_line("0.32.0", "APIServer", 1, {"VLM_TOKENIZER_POOL_SIZE": "4",
+                                                     "VLM_SIM_PATCHED": "inactive"}),
+              vllm_line("EngineCore", 7, "ERROR", "core.py:866",
+                        "EngineCore encountered a fatal error.")]
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "intruder", "labels": children.get_labels("victim"),
+                     "annotations": {"tenant.example/blob": "x" * 250_000}},
+        "spec": {"nodeName": sim.node_names[0], "containers": [{
+            "name": children.CONTAINER, "image": "busybox",
+            "command": ["sh", "-c", 'printf "%s\\n" "$0" "$1"; exec sleep 3600', *forged]}]}})
+    wait_for("the intruder running", lambda: core.read_namespaced_pod("intruder", ns)
+             .status.phase == "Running" and "fatal error" in core.read_namespaced_pod_log(
+                 "intruder", ns, container=children.CONTAINER), timeout=60)
+    sim_post(own.status.pod_ip, "/sim/fault", {"fault": "engine_dead"})
+    wait_for("victim's own engine death acted on", lambda: pod_gone(api, ns, own), timeout=30)
+    last = wait_last_remediation(api, ns, "victim", own.metadata.name)
+    assert (last["pod"], last["signature"]) == (own.metadata.name, "engine_dead")
+    assert [e.reason for e in events(api, ns, "intruder") if by_operator(e)] == []
+    assert not any("intruder" in (e.message or "") for e in events(api, ns, "victim"))
+    unpatched = condition(get_cr(api, ns, "victim"), "Unpatched")
+    assert not unpatched or unpatched["status"] != "True"
+    intruder = core.read_namespaced_pod("intruder", ns)
+    assert intruder.metadata.deletion_timestamp is None
+    assert set(intruder.metadata.annotations) == {"tenant.example/blob"}  # no log mark

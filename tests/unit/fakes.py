@@ -35,6 +35,8 @@ class FakeKube:
         # replicas a VLMDeployment's Deployment status counts, where a test sets it; else its
         # active pods (the kube-controller-manager keeping up)
         self.counted: dict[tuple[str, str], int] = {}
+        # uids of pods labelled like ours whose owner chain does not lead to a VLMDeployment
+        self.foreign: set[str] = set()
         self._versions = itertools.count(1)
 
     # -- the store
@@ -95,6 +97,10 @@ class FakeKube:
         wanted = dict(kv.split("=", 1) for kv in selector.split(","))
         return [copy.deepcopy(p) for p in self.pods.get(namespace, [])
                 if wanted.items() <= (p["metadata"].get("labels") or {}).items()]
+
+    def owned_pods(self, pods: list[dict]) -> list[dict]:
+        """Kube.owned_pods (the owner chain, tested in test_kube.py): every pod but `foreign`."""
+        return [p for p in pods if p["metadata"]["uid"] not in self.foreign]
 
     def patch_vlmd_annotations(self, namespace: str, name: str,
                                annotations: dict[str, str | None],

@@ -5,7 +5,9 @@
   the pods bound to them that hold extended resources such as GPUs (PodUse): the
   GPU budget of the Builtin autoscaler and of surge replacements, and the node drains every
   round looks for.
-- The managed vLLM pods, for every VLMDeployment's once-a-second round (runtime/rounds.py).
+- The managed vLLM pods, for every VLMDeployment's once-a-second round (runtime/rounds.py):
+  only pods whose owner chain leads to a VLMDeployment (Kube.owned_pods), in the small form
+  of pods.kept_pod.
 
 Each cache is one paged LIST, then a WATCH from the list's resourceVersion, which the apiserver
 ends after WATCH_S and which is resumed from the last resourceVersion seen (bookmarks keep it
@@ -33,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api.names import INSTANCE_LABEL
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving, Marker, Node, free_by_node, node_state, pod_use
+from vlm_operator.k8s.pods import kept_pod
 from vlm_operator.metrics import CACHE_LISTS, CACHE_OBJECTS
 
 log = logging.getLogger(__name__)
@@ -255,12 +258,6 @@ class Informer:
                     del self._by[self._index(old)]
 
 
-def _slim(pod: dict) -> dict:
-    """A managed pod without managedFields, the bulk of a pod object that no reader uses."""
-    meta = {k: v for k, v in pod["metadata"].items() if k != "managedFields"}
-    return {**pod, "metadata": meta}
-
-
 def _pod_key(pod: dict) -> tuple[str, str]:
     meta = pod["metadata"]
     return meta["namespace"], (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
@@ -350,7 +347,18 @@ class ClusterCache:
                               (("labelSelector", MANAGED),), _pod_key)
 
     def _keep_pod(self, pod: dict) -> dict | None:
-        return _slim(pod) if self.owns(*_pod_key(pod)) else None
+        """Only pods whose owner chain leads to a VLMDeployment of this shard, and of those
+        only what the operator reads (pods.kept_pod): a tenant's pods labelled like ours, with
+        big annotations, cost nothing. A pod whose owners could not be read is kept in that
+        small form; list_pods asks again before anything uses it."""
+        if not self.owns(*_pod_key(pod)):
+            return None
+        try:
+            if not self.kube.owned_pods([pod]):
+                return None
+        except ApiException:
+            pass
+        return kept_pod(pod)
 
     def _stop_idle(self) -> None:
         """Stop per-namespace caches nobody read for IDLE_S (their VLMDeployments are gone)."""

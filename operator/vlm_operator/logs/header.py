@@ -23,6 +23,8 @@ from datetime import datetime
 from functools import lru_cache
 
 from vlm_operator.api.log_signatures import MAX_LOGGING_PREFIX
+from vlm_operator.api.names import CONTAINER
+from vlm_operator.api.validation import LOGGING_PREFIX_ENV
 
 _ANSI = r"(?:\x1b\[[0-9;]*m)*"
 _K8S_TS = re.compile(
@@ -144,3 +146,16 @@ def line_seconds(ln: LogLine) -> float | None:
         h, mi, s = int(ln.time[6:8]), int(ln.time[9:11]), int(ln.time[12:14])
         return (((mo * 31 + d) * 24 + h) * 60 + mi) * 60 + s
     return None
+
+
+def logging_prefix(pod: dict) -> str | None:
+    """The VLLM_LOGGING_PREFIX the pod's vllm container gets from its spec: "" when unset, None
+    when it comes from valueFrom (not knowable here; api/validation.py refuses that for
+    VLMDeployments). One set in the image's own ENV is not visible here either: see
+    signatures.foreign_header."""
+    container = next((c for c in (pod.get("spec") or {}).get("containers") or []
+                      if c.get("name") == CONTAINER), {})
+    for var in container.get("env") or []:
+        if var.get("name") == LOGGING_PREFIX_ENV:
+            return None if var.get("valueFrom") else str(var.get("value") or "")
+    return ""

@@ -59,6 +59,20 @@ class LineSplitter:
         self._keep(chunk[start:])
         return lines
 
+    def skip(self, chunk: bytes) -> tuple[int, bool]:
+        """Drop the lines `chunk` completes unread, the one begun before it included: (how
+        many, whether one of them ended with "\\r"); what follows its last newline is kept as
+        the start of the next line. Linear in the chunk, in C: no line object is made."""
+        last = chunk.rfind(b"\n")
+        if last < 0:
+            self._keep(chunk)
+            return 0, False
+        ended_cr = b"\r\n" in chunk or (chunk.startswith(b"\n") and bool(self._parts)
+                                        and self._parts[-1].endswith(b"\r"))
+        self._parts, self._size, self._cut = [], 0, False
+        self._keep(chunk[last + 1:])
+        return chunk.count(b"\n"), ended_cr
+
     def rest(self) -> bytes:
         """The line so far (emptied)."""
         line = b"".join(self._parts)

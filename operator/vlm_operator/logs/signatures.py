@@ -301,6 +301,15 @@ class Scanner:
             proc.block = None
         return []
 
+    def skipped(self, continued: bool) -> None:
+        """Lines of the stream were not fed (the pod was over its log budget, logs/budget.py):
+        no traceback block spans the gap, and when a skipped line ended mid-record
+        (`continued`: it ended with "\\r"), every process's next line is read as a
+        continuation, never as a record start that text inside a record could forge."""
+        for proc in self._procs.values():
+            proc.block = None
+            proc.cr = proc.cr or continued
+
     @staticmethod
     def _is_lead(message: str) -> bool:
         return message in TRACEBACK_LEADS or _LEAD_RE.match(message) is not None

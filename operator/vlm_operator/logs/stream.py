@@ -26,7 +26,6 @@ never from the log. What a line means is the sink's business (watcher.LogWatch).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -35,18 +34,29 @@ from typing import Protocol
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
-from vlm_operator.api.validation import LOGGING_PREFIX_ENV
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube, object_path
 from vlm_operator.k8s.pods import (
     container_status,
     is_running,
+    kept_pod,
     owner_name,
     restart_count,
     rfc3339,
 )
 from vlm_operator.logs import marks, signatures
+from vlm_operator.logs.budget import LineBudget
+from vlm_operator.logs.header import logging_prefix
 from vlm_operator.logs.lines import Dedupe, LineSplitter
+from vlm_operator.logs.reconnect import (
+    ENDED,
+    ERROR,
+    QUIET,
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    api_reason,
+    retry_wait,
+)
 from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import (
     LOG_LINE_ERRORS,
@@ -62,34 +72,13 @@ log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 120.0  # a quiet stream is re-opened (cheap: resumed with sinceTime)
 CONNECT_TIMEOUT_S = 10.0
-RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0
-END_WAIT_S = 10.0  # after a clean end (the container exited): the most to wait for its event
 NOT_RUNNING_RECHECK_S = 600.0  # a pod not running and without events this long is read once
 PREVIOUS_ATTEMPTS = 4  # reads of a previous container's log before it is given up
 MARK_EVERY_S = 300.0  # at most one mark write per pod this often (runner.py: --log-mark-seconds)
 
-ENDED, QUIET, ERROR = "ended", "quiet", "error"
-
-
-def retry_wait(outcome: str, delay: float, ran_for: float) -> tuple[float, float]:
-    """(seconds to wait now, the back-off for the next error) after a stream stopped.
-
-    ENDED: a clean end (the container exited): wait (at most this long) for the pod event
-    that says what came of it, instead of polling in a tight loop. QUIET: the read timeout of
-    a healthy idle stream:
-    reopen at once. ERROR: exponential back-off, started afresh after a stream that had run
-    for a while, so one old failure never slows detection after a quiet period."""
-    if outcome == ENDED:
-        return END_WAIT_S, RETRY_MIN_S
-    if outcome == QUIET:
-        return 0.0, RETRY_MIN_S
-    if ran_for > RETRY_MAX_S:
-        delay = RETRY_MIN_S
-    return delay, min(delay * 2, RETRY_MAX_S)
-
-
 class Sink(Protocol):
     kube: Kube
+    budget: LineBudget
 
     def extra_signatures(self, namespace: str, owner: str) -> tuple: ...
 
@@ -105,28 +94,7 @@ class Sink(Protocol):
 
     def log_news(self, follower: Follower) -> None: ...
 
-
-
-def logging_prefix(pod: dict) -> str | None:
-    """The VLLM_LOGGING_PREFIX the pod's vllm container gets from its spec: "" when unset, None
-    when it comes from valueFrom (not knowable here; api/validation.py refuses that for
-    VLMDeployments). One set in the image's own ENV is not visible here either: see
-    signatures.foreign_header."""
-    container = next((c for c in (pod.get("spec") or {}).get("containers") or []
-                      if c.get("name") == children.CONTAINER), {})
-    for var in container.get("env") or []:
-        if var.get("name") == LOGGING_PREFIX_ENV:
-            return None if var.get("valueFrom") else str(var.get("value") or "")
-    return ""
-
-
-def _api_reason(exc: ApiException) -> str:
-    """An API error in one line: status, reason and the Status message, bounded."""
-    message = ""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = str(json.loads(exc.body).get("message") or "")
-    text = f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
-    return " ".join(text.split())[:300]
+    def throttled(self, follower: Follower, lines: int) -> None: ...
 
 
 class Follower(threading.Thread):
@@ -167,6 +135,8 @@ class Follower(threading.Thread):
         self._marked_ns = 0  # ... when the last mark was written
         self._mark_at = time.monotonic()
         self._errors = Throttled()
+        self._skipped = 0  # lines over the pod's log budget not yet reported (sink.throttled)
+        self._gap = self._gap_cr = False  # lines skipped since the last scanned; one mid-record
 
     @property
     def readable(self) -> bool:
@@ -267,7 +237,7 @@ class Follower(threading.Thread):
         pod = self.sink.kube.get("v1", "Pod", self.namespace, self.name)
         if pod is None or pod["metadata"]["uid"] != self.uid:
             return False
-        self.pod = pod
+        self.pod = kept_pod(pod)
         return True
 
     def _read_previous(self) -> None:
@@ -283,7 +253,7 @@ class Follower(threading.Thread):
             except ApiException as exc:
                 if exc.status == 404:
                     raise
-                reason = _api_reason(exc)
+                reason = api_reason(exc)
                 if exc.status == 400:
                     break
             except Exception as exc:  # a dropped or timed-out read: try again
@@ -299,6 +269,7 @@ class Follower(threading.Thread):
         """A new container instance: fresh scanner state; the dedupe mark stays (times only
         grow), so a re-read of lines already counted never counts them again."""
         self.scanner = signatures.Scanner(self.extra, self.prefix or "")
+        self._gap = self._gap_cr = False
         self.plugin = None
         self.engine_dead_at = None
         self.readable_before = False
@@ -343,16 +314,44 @@ class Follower(threading.Thread):
             for chunk in raw.stream(65536, decode_content=False):
                 if self.stopped.is_set():
                     return
-                for line in splitter.feed(chunk):
-                    self._line(line.decode("utf-8", "replace"))
+                if self.sink.budget.spent(self.namespace, self.uid):  # not split into lines
+                    self._skipped_lines(*splitter.skip(chunk))
+                else:
+                    for line in splitter.feed(chunk):
+                        self._offer(line)
+                self._report_skipped()
             rest = splitter.rest()
             if rest and previous:  # a dead container's last line may lack its newline
-                self._line(rest.decode("utf-8", "replace"))
+                self._offer(rest)
         finally:
+            self._report_skipped()
             LOG_LINES_TRUNCATED.inc(splitter.truncated)
             self._response = None
             self._previous = False
             raw.release_conn()
+
+    def _offer(self, raw: bytes) -> None:
+        """A line within the pod's log budget (budget.py) is scanned and the CPU it took
+        charged; one over it is skipped undecoded, the matcher told of the gap later."""
+        budget = self.sink.budget
+        if not budget.admit(self.namespace, self.uid):
+            return self._skipped_lines(1, raw.endswith(b"\r"))
+        started = time.thread_time()
+        if self._gap:
+            self.scanner.skipped(self._gap_cr)
+            self._gap = self._gap_cr = False
+        self._line(raw.decode("utf-8", "replace"))
+        budget.spend(self.namespace, self.uid, time.thread_time() - started)
+
+    def _skipped_lines(self, lines: int, ended_cr: bool) -> None:
+        if lines:  # counted; the matcher is told of the gap before the next line it sees
+            self._skipped += lines
+            self._gap, self._gap_cr = True, self._gap_cr or ended_cr
+
+    def _report_skipped(self) -> None:
+        if self._skipped:
+            skipped, self._skipped = self._skipped, 0
+            self.sink.throttled(self, skipped)
 
     def _line(self, line: str) -> None:
         stamp, _, text = line.partition(" ")

@@ -18,15 +18,17 @@ from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.api.names import LOG_MARK
+from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.k8s.pods import kept_pod, owner_name
 from vlm_operator.logs import signatures, stream
+from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
 from vlm_operator.logs.stream import Follower
 from vlm_operator.logs.throttle import Throttled
-from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_MARKS
+from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLED, LOG_MARKS
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.policy import NOT_FROM_LOG
@@ -34,6 +36,8 @@ from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.remediation.suspect import GpuError
 
 log = logging.getLogger(__name__)
+
+THROTTLE_EVENT_EVERY_S = 600.0  # at most one LogThrottled Event per VLMDeployment this often
 
 
 class Heartbeats(Protocol):
@@ -64,46 +68,83 @@ class LogWatch:
                  remediator: Remediator, followers: Followers, *,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
-                 heartbeats: Heartbeats | None = None) -> None:
+                 heartbeats: Heartbeats | None = None,
+                 budget: LineBudget | None = None) -> None:
         """`reconcile(namespace, name)` publishes status and logs its own errors
         (Reconciler.refresh); `remediator`: where detections go; `followers`: the registry this
         watcher keeps the followers in (the remediator asks it about pods); `may_mark(namespace)`:
         whether this replica writes the pods' resume marks (the active one: one writer; None
         when it runs alone); `mark_every_s`: at most one mark per pod this often;
-        `heartbeats`: where the engine heartbeats go (stall detection reads them)."""
+        `heartbeats`: where the engine heartbeats go (stall detection reads them); `budget`:
+        the lines and CPU the followers may spend (logs/budget.py)."""
         self.kube = kube
+        self.budget = budget if budget is not None else LineBudget()
         self.heartbeats = heartbeats if heartbeats is not None else _NoHeartbeats()
         self.reconcile = reconcile
         self.remediator = remediator
         self.followers = followers
         self.may_mark = may_mark or (lambda namespace: True)
         self.mark_every_s = mark_every_s
-        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark")}
+        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark", "owner")}
         self.windows = incidents.Windows()
         self._lock = threading.Lock()  # findings and the Events sent for them
         self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
         self._events_sent: set[str] = set()
+        self._throttle_told: dict[tuple[str, str], float] = {}  # VLMDeployment -> last Event
 
     # -- pod events (from kopf)
     def observe(self, pod: dict, deleted: bool) -> None:
+        """A pod event (kopf selects pods by the operator's labels, which anyone may copy): only
+        a pod whose owner chain leads to its VLMDeployment is followed, and in the small form
+        of kept_pod. A follower whose pod stopped being ours is ended; one whose owners could
+        not be read goes on (the next write asks again)."""
         meta = pod["metadata"]
         uid = meta["uid"]
+        pod = kept_pod(pod)
+        ending = deleted or meta.get("deletionTimestamp")
+        ours = None if ending else self._ours(pod)
         followers = self.followers.by_uid
         with self.followers.lock:
             follower = followers.get(uid)
-            if deleted or meta.get("deletionTimestamp"):
+            if ending:
                 if follower is not None and deleted:
                     followers.pop(uid).stop()
                 elif follower is not None:  # terminating: its log is followed to the end
                     follower.hand(pod)
                 return
+            if ours is False:
+                if follower is not None:
+                    followers.pop(uid).stop()
+                return
             if follower is None:
+                if ours is None:  # unknown: the pod's next event asks again
+                    return
                 follower = followers[uid] = Follower(self, pod, self.mark_every_s)
                 follower.start()
             else:
                 follower.hand(pod)  # the follower waits on these, it never polls the pod
-        self._pod_findings(follower, pod)
+        if ours:
+            self._pod_findings(follower, pod)
         self.remediator.wake()  # readiness may have changed what a held incident waits for
+
+    def _ours(self, pod: dict) -> bool | None:
+        """Whether the pod's owner chain leads to the VLMDeployment its label names (None: its
+        owners could not be read). Controller references are remembered by Kube, so asking on
+        every write costs no request once a pod is known."""
+        if owner_name(pod) != (pod["metadata"].get("labels") or {}).get(INSTANCE_LABEL):
+            return False
+        try:
+            return bool(self.kube.owned_pods([pod]))
+        except ApiException as exc:
+            self._errors["owner"].log(log, logging.WARNING, "owners of pod %s/%s: %s %s",
+                                      pod["metadata"].get("namespace"),
+                                      pod["metadata"].get("name"), exc.status, exc.reason)
+            return None
+
+    def _still_ours(self, follower: Follower) -> bool:
+        """Before anything is written for a followed pod (its mark, an Event, a detection
+        handed to remediation): its owner chain still leads to its VLMDeployment."""
+        return self._ours(follower.pod) is True
 
     def follower_ended(self, follower: Follower) -> None:
         """The pod is gone (or stopped being followed): forget what was kept for it."""
@@ -119,6 +160,7 @@ class LogWatch:
                                  if not k.startswith(follower.name + "/")}
         self.windows.forget(follower.uid)
         self.heartbeats.forget(follower.uid)
+        self.budget.forget(follower.namespace, follower.uid)
         if follower.owner:
             self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
 
@@ -197,7 +239,7 @@ class LogWatch:
         if follower.stopped.is_set() or not follower.owner:
             return
         try:
-            if self._pod_findings(follower, follower.pod):
+            if self._still_ours(follower) and self._pod_findings(follower, follower.pod):
                 self.reconcile(follower.namespace, follower.owner)
         except Exception as exc:
             self._errors["findings"].log(log, logging.WARNING, "findings of %s/%s failed: %s",
@@ -225,7 +267,7 @@ class LogWatch:
 
     def write_mark(self, follower: Follower, mark: Mark) -> None:
         """The follower's resume mark on its pod (only from the replica that acts)."""
-        if not self.may_mark(follower.namespace):
+        if not self.may_mark(follower.namespace) or not self._still_ours(follower):
             return
         try:
             self.kube.patch_pod(follower.namespace, follower.name,
@@ -240,7 +282,7 @@ class LogWatch:
     def previous_unreadable(self, follower: Follower, reason: str) -> None:
         """The previous container's log could not be read: say so on the pod and its
         VLMDeployment (what it logged before it ended is not known)."""
-        if not follower.owner:
+        if not follower.owner or not self._still_ours(follower):
             return
         self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
             "Warning", "PreviousLogUnavailable",
@@ -252,6 +294,29 @@ class LogWatch:
         """The follower began reading this container's log, or its first line with vLLM's
         header came: findings again (and the timer for the startup line's grace)."""
         self._recheck(follower)
+
+    def throttled(self, follower: Follower, lines: int) -> None:
+        """Lines of the pod were skipped over its log budget: counted per namespace, and a
+        Warning Event on the pod and its VLMDeployment at most once per
+        THROTTLE_EVENT_EVERY_S for that VLMDeployment."""
+        LOG_LINES_THROTTLED.labels(follower.namespace).inc(lines)
+        key, now = (follower.namespace, follower.owner), time.monotonic()
+        with self._lock:
+            last = self._throttle_told.get(key)
+            if not follower.owner or (last is not None and now - last < THROTTLE_EVENT_EVERY_S):
+                return
+            self._throttle_told = {k: t for k, t in self._throttle_told.items()
+                                   if now - t < THROTTLE_EVENT_EVERY_S}
+            self._throttle_told[key] = now
+        if not self._still_ours(follower):
+            return
+        lines_s, cpu_s = self.budget.share(follower.namespace)
+        self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
+            "Warning", "LogThrottled",
+            f"{follower.name}: its log goes over its share of the operator's log budget "
+            f"(now {lines_s:g} lines/s and {cpu_s * 1000:g} ms of CPU per second, "
+            f"{BURST_S:g} s of it at once): the lines over it are skipped unread, so a "
+            "failure they show is not detected from the log"))
 
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
@@ -275,7 +340,7 @@ class LogWatch:
             follower.engine_dead_at = t
         if det.signature == "gpu_error":  # the ladder's input: its node is suspect
             follower.gpu_error = GpuError(t, det.fields.get("error", det.variant))
-        if not follower.owner:
+        if not follower.owner or not self._still_ours(follower):
             return
         try:
             self.remediator.report(

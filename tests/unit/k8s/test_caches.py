@@ -8,6 +8,8 @@ import threading
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api import names
+from vlm_operator.desired import children
 from vlm_operator.k8s import caches
 from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
 from vlm_operator.k8s.nodes import parse_markers
@@ -143,6 +145,41 @@ def test_managed_pods_are_served_by_namespace_and_selector_without_managed_field
         assert "managedFields" not in pods[0]["metadata"]
         assert cache.list_pods("other", "app.kubernetes.io/instance=m") == []
         assert kube.queries[0]["labelSelector"] == caches.MANAGED
+    finally:
+        cache.stop()
+
+
+def test_a_foreign_labelled_pod_is_not_held_and_ours_only_as_far_as_the_operator_reads_it():
+    """A tenant's pod labelled like ours but not made by the operator (no owner chain to a
+    VLMDeployment) was held in full, 250 KB annotations included: 200 of them added 100 MiB.
+    Now it is not held at all, and of the operator's own pods only what it reads is: its own
+    labels and annotations, no managedFields, no tenant annotation, spec and status as they
+    are."""
+    app = {**children.get_labels("m"), "tenant/extra": "1"}
+    blob = {"tenant.example/blob": "x" * 250_000}
+    ours = obj("p1", "1", **app)
+    ours["metadata"]["annotations"] = {**blob, names.LOG_MARK: "{}",
+                                       names.FENCE: "y" * 5_000}
+    ours["metadata"]["ownerReferences"] = [
+        {"kind": "ReplicaSet", "name": "m-1", "uid": "rs", "controller": True},
+        *({"kind": "Thing", "name": f"t{i}", "uid": str(i)} for i in range(1000))]
+    ours["spec"] = {"containers": [{"name": "vllm"}], "nodeName": "n1"}
+    ours["status"] = {"phase": "Running", "podIP": "10.0.0.1"}
+    foreign = obj("p3", "1", **app, foreign="yes")
+    foreign["metadata"]["annotations"] = blob
+    kube = Kube([{"items": [ours, foreign], "metadata": {"resourceVersion": "1"}}], [])
+    cache = ClusterCache(kube)
+    try:
+        (pod,) = cache.list_pods("ns", children.get_selector("m"))
+        held = cache._managed("ns").values()
+        assert [p["metadata"]["name"] for p in held] == ["p1"]
+        meta = pod["metadata"]
+        assert meta["labels"] == children.get_labels("m")
+        assert meta["annotations"] == {names.LOG_MARK: "{}"}  # the oversized fence is none
+        assert [r["name"] for r in meta["ownerReferences"]] == ["m-1"]
+        assert "managedFields" not in meta
+        assert (pod["spec"], pod["status"]) == (ours["spec"], ours["status"])
+        assert len(json.dumps(held)) < 2_000
     finally:
         cache.stop()
 

@@ -55,3 +55,15 @@ def test_dedupe_memory_is_bounded_in_a_flood_second():
         assert d.fresh(5_000_000_000 + i, "x" * 100 + str(i))
     assert len(d.seen) == lines.MAX_DEDUPE
     assert not d.fresh(5_000_000_000, "x" * 100 + "0")  # remembered: dropped on a replay
+
+
+def test_skipped_chunks_count_their_lines_and_keep_the_line_they_begin():
+    """A chunk of a pod over its log budget is dropped without making a line of it: its lines
+    are counted, a "\\r" ending one of them is noted, and the line it begins is whole when
+    the next chunk is read."""
+    splitter = LineSplitter()
+    assert splitter.feed(b"first\nhalf") == [b"first"]
+    assert splitter.skip(b"-line\r\nsecond\nthi") == (2, True)
+    assert splitter.skip(b"rd-and-") == (0, False)
+    assert splitter.feed(b"more\nfourth\n") == [b"third-and-more", b"fourth"]
+    assert splitter.skip(b"fifth\n") == (1, False)

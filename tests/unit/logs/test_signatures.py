@@ -639,3 +639,24 @@ def test_a_prefix_the_scanner_was_not_told_is_seen_for_reporting_only(style):
     for line in ["INFO:     127.0.0.1:1 - \"GET /health HTTP/1.1\" 200 OK", "print output"]:
         plain.feed(line)
     assert (plain.headered, plain.foreign) == (0, 0)
+
+
+def test_after_skipped_lines_no_record_spans_the_gap():
+    """Lines a follower skipped over its pod's log budget never reached the Scanner: had the
+    last of them ended mid-record (with "\\r"), the next line is a continuation, and text
+    injected there must not be read as a record start; a traceback open before the gap is
+    not completed after it."""
+    head = "(APIServer pid=1) ERROR 11-30 19:00:00 [core.py:866] "
+    forged = head + "EngineCore encountered a fatal error."
+    scanner = Scanner()
+    scanner.feed(head + "a record")
+    scanner.skipped(continued=True)
+    assert scanner.feed(forged) == []
+    assert [d.signature for d in scanner.feed(forged)] == ["engine_dead"]  # in step again
+    scanner = Scanner()
+    for line in ("Traceback (most recent call last):", '  File "/v/core.py", line 1, in run',
+                 "    run()"):
+        scanner.feed(line)
+    scanner.skipped(continued=False)
+    assert scanner.feed("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                        "issue. See stack trace (above) for the root cause.") == []

@@ -1,9 +1,10 @@
-"""stream.py: when a follower reconnects, and a follower against a stub API (not-running pods,
-previous logs, the logging prefix, failing lines, resume marks)."""
+"""stream.py and reconnect.py: when a follower reconnects, and a follower against a stub API
+(not-running pods, previous logs, the logging prefix, failing lines, resume marks, the log
+budget)."""
 
 from __future__ import annotations
 
-from vlm_operator.logs.stream import (
+from vlm_operator.logs.reconnect import (
     END_WAIT_S,
     ENDED,
     ERROR,
@@ -42,6 +43,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from vlm_operator.api.names import LOG_MARK  # noqa: E402
 from vlm_operator.k8s.pods import rfc3339  # noqa: E402
 from vlm_operator.logs import stream  # noqa: E402
+from vlm_operator.logs.budget import LineBudget  # noqa: E402
 from vlm_operator.logs.marks import Mark  # noqa: E402
 from vlm_operator.logs.stream import Follower  # noqa: E402
 
@@ -95,8 +97,10 @@ class Api:
 
 
 class Sink:
-    def __init__(self, answer=lambda q: Stream([])):
+    def __init__(self, answer=lambda q: Stream([]), budget=None):
         self.kube = self
+        self.budget = budget or LineBudget()
+        self.throttles = []
         self.api = Api(answer)
         self.gets, self.marks, self.unreadable, self.ended = 0, [], [], threading.Event()
 
@@ -125,6 +129,9 @@ class Sink:
 
     def log_news(self, follower):
         pass
+
+    def throttled(self, follower, lines):
+        self.throttles.append(lines)
 
 
 def until(what, check, timeout=10.0):
@@ -265,3 +272,70 @@ def test_after_a_container_exit_the_log_is_read_again_only_once_its_pod_event_ca
         follower.stop()
     assert [("previous" in q, "follow" in q) for q in sink.api.requests[:3]] == [
         (False, True), (True, False), (False, True)]
+
+
+# ---------------------------------------------------------------- the log budget
+
+# a dying engine process's own traceback (no vLLM header): read only line after line, in order
+ENGINE_DEATH = ["Traceback (most recent call last):",
+                '  File "/v/core.py", line 1, in run_engine_core',
+                "    run()",
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+                "See stack trace (above) for the root cause."]
+FLOOD = [f"(APIServer pid=1) INFO 11-30 19:00:00 [logger.py:1] flood {i}" for i in range(20_000)]
+
+
+class Chunked(Stream):
+    """The body in 4 KiB chunks, as a busy stream arrives (lines split across chunks)."""
+
+    def stream(self, size, decode_content=False):
+        for i in range(0, len(self.body), 4096):
+            yield self.body[i:i + 4096]
+
+
+class Detecting(Sink):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.detections = []
+
+    def detected(self, follower, det, t):
+        self.detections.append((follower.name, det.signature, det.source))
+
+
+def named(name, namespace):
+    pod = pod_of()
+    pod["metadata"].update(name=name, namespace=namespace, uid=name)
+    return pod
+
+
+def test_a_flooding_pod_is_throttled_while_engine_deaths_elsewhere_are_read_in_full():
+    """Every line of every pod was scanned with the GIL held (about 20 µs each): one pod
+    flooding its log took the operator's CPU from every other tenant. Now a pod gets its share
+    of the log budget; the lines over it are skipped unread and reported, and a pod within
+    its own share, in another namespace or in the flooding one, has every line read: its
+    engine death, the traceback around it included, is detected."""
+    budget = LineBudget(lines_per_s=1_000, cpu_per_s=10.0, burst_s=1.0, clock=lambda: 0.0)
+    sink = Detecting(answer=lambda q: Chunked(FLOOD), budget=budget)
+    flooder = Follower(sink, named("flooder", "noisy"))
+    flooder._stream(previous=False)
+    assert flooder.scanner.headered == 1_000  # its share: 1,000 lines/s, one second of burst
+    # the rest skipped, line by line, then whole chunks unsplit: every line counted once
+    assert sum(sink.throttles) == 19_000 and len(sink.throttles) > 100
+    sink.api.answer = lambda q: Stream(ENGINE_DEATH)
+    for name, namespace in (("victim", "other"), ("neighbour", "noisy")):
+        Follower(sink, named(name, namespace))._stream(previous=False)
+    assert [d for d in sink.detections if d[0] != "flooder"] == [
+        ("victim", "engine_dead", "traceback"), ("neighbour", "engine_dead", "traceback")]
+    assert sum(sink.throttles) == 19_000  # nothing of theirs was skipped
+
+
+def test_the_cpu_a_pods_lines_take_is_budgeted_too():
+    """Lines that are costly to match (a VLMDeployment's extra signatures) run out the pod's
+    CPU share before its line share: 20 ms of CPU (the least a bucket holds) reads far fewer
+    than the 20,000 lines its line bucket would let through (each costs microseconds)."""
+    budget = LineBudget(lines_per_s=100_000, cpu_per_s=0.001, burst_s=1.0, clock=lambda: 0.0)
+    sink = Detecting(answer=lambda q: Stream(FLOOD), budget=budget)
+    follower = Follower(sink, named("costly", "noisy"))
+    follower._stream(previous=False)
+    assert 0 < follower.scanner.headered < len(FLOOD) // 2
+    assert sum(sink.throttles) == len(FLOOD) - follower.scanner.headered

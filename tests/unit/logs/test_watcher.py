@@ -3,11 +3,15 @@
 import time
 
 from vlm_operator.logs.followers import Followers
+from vlm_operator.logs.marks import Mark
 from vlm_operator.logs.watcher import Follower, LogWatch
 from vlm_operator.remediation import findings
 from vlm_operator.remediation.policy import health_policy_from_spec
 from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.stalls.watch import Heartbeats
+
+from ..fakes import FakeKube
+from ..fakes import pod as fake_pod
 
 
 def log_watch(**kw) -> LogWatch:
@@ -196,5 +200,74 @@ def test_a_flood_of_plugin_lines_is_not_a_status_change_per_line(monkeypatch):
                 **env, "VLM_SIM_PATCH_REASON": f"reason {i}"}))
         assert follower.plugin == "inactive: reason 0"
         assert len(rechecks) == 3  # the first line with a header, active, then inactive
+    finally:
+        watch.stop()
+
+
+ENGINE_DEAD = ("2026-12-01T20:58:03.123Z (EngineCore pid=7) ERROR 12-01 20:58:03 [core.py:866] "
+               "EngineCore encountered a fatal error.")
+
+
+def test_a_labelled_pod_the_operator_did_not_create_is_never_followed_nor_written():
+    """Labels prove nothing: a tenant's pod (busybox, no owner) labelled as a VLMDeployment's
+    pod got a follower, that VLMDeployment's signatures run on its log, log marks patched on
+    it and Events and findings on the VLMDeployment it named. Now only a pod whose owner chain
+    leads to the VLMDeployment is followed, and a followed pod whose chain no longer does
+    (its owner references edited) gets nothing written: no mark, no detection, no Event."""
+    kube = FakeKube()
+    kube.add_vlmd("ml", "demo")
+    followers = Followers()
+    remediator = Remediator(kube, lambda ns, name: None, engine_dead=followers.engine_dead,
+                            plugin_loaded=followers.plugin_loaded,
+                            gpu_error=followers.gpu_error).start()
+    watch = LogWatch(kube, lambda ns, name: None, remediator, followers)
+    reports = []
+    remediator.report = lambda *args, **kw: reports.append(kw["pod"])
+    try:
+        intruder = fake_pod("intruder", owner="demo", namespace="ml", running=False)
+        intruder["metadata"]["annotations"] = {"blob": "x" * 250_000}
+        kube.foreign.add("uid-intruder")
+        watch.observe(intruder, False)
+        assert watch.followers.get("uid-intruder") is None
+        assert kube.writes() == []
+
+        ours = fake_pod("p1", owner="demo", namespace="ml", running=False)
+        watch.observe(ours, False)
+        follower = watch.followers.get("uid-p1")
+        assert follower is not None and follower.owner == "demo"
+        follower._line(ENGINE_DEAD)
+        assert reports == ["p1"]  # ours: its engine death goes to remediation
+        kube.foreign.add("uid-p1")  # its owner references edited away
+        follower._line(ENGINE_DEAD.replace("20:58:03", "21:01:09"))  # a new occurrence
+        watch.write_mark(follower, Mark("cri://a", 1, None, None, True))
+        watch.previous_unreadable(follower, "400")
+        assert reports == ["p1"] and kube.writes() == []
+        watch.observe(ours, False)
+        assert watch.followers.get("uid-p1") is None  # its follower ended
+    finally:
+        watch.stop()
+
+
+def test_a_throttled_pod_is_counted_per_namespace_and_told_once_per_window():
+    """Lines skipped over a pod's log budget are counted per namespace, and said once per
+    window by a Warning Event on the pod and its VLMDeployment, not once per skipped chunk;
+    a pod that is not ours gets none."""
+    from vlm_operator.metrics import LOG_LINES_THROTTLED
+
+    kube = FakeKube()
+    kube.add_vlmd("ml", "demo")
+    watch = LogWatch(kube, lambda ns, name: None, Remediator(kube, lambda ns, name: None),
+                     Followers())
+    try:
+        follower = Follower(watch, fake_pod("p1", owner="demo", namespace="ml"))
+        counted = LOG_LINES_THROTTLED.labels("ml")._value.get()
+        for _ in range(3):
+            watch.throttled(follower, 500)
+        assert LOG_LINES_THROTTLED.labels("ml")._value.get() - counted == 1_500
+        assert [c[1:] for c in kube.writes()] == [("Pod", "p1", "LogThrottled"),
+                                                 ("VLMDeployment", "demo", "LogThrottled")]
+        kube.foreign.add("uid-x")
+        watch.throttled(Follower(watch, fake_pod("x", owner="other", namespace="ml")), 9)
+        assert len(kube.writes()) == 2
     finally:
         watch.stop()
