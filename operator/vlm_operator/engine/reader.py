@@ -20,12 +20,12 @@ empty): SMALL_CAP (64 KiB).
 Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 KB (histogram
 buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
 per read, once a second per pod; the dozen samples it reads cost a small fraction of that
-(bench/results/scrape-cost.md). The lines are found by a regular expression over the bytes that
-matches a name at a line's start and nothing after it (no copy of the page per line); a wanted
-line longer than LINE_CAP is refused before anything looks at its content, the label set of the
-others is checked by RE2 (linear time, no backtracking) and the value read with bytes methods,
-and at most MAX_SAMPLE_LINES of them are parsed. So no page a pod can serve costs more than
-tens of milliseconds, in steps of microseconds that never hold the GIL for long (worst pages:
+(bench/results/scrape-cost.md). The lines are found by RE2 (linear time, no backtracking) over
+the bytes, matching a name at a line's start and the character after it (no copy of the page
+per line); a wanted line longer than LINE_CAP is refused before anything looks at its content,
+the label set of the others is checked by RE2 too and the value read with bytes methods, and
+at most MAX_SAMPLE_LINES of them are parsed. So no page a pod can serve costs more than tens of
+milliseconds of CPU, in calls of a few milliseconds at most (worst pages:
 bench/results/metrics-parse.md).
 """
 
@@ -73,11 +73,11 @@ def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _sample_starts(names: frozenset[str]) -> re.Pattern[bytes]:
-    """A line's start whose sample is exactly one of `names` (a label set or a blank follows
-    the name): the name, and nothing of the rest of the line."""
+def _sample_starts(names: frozenset[str]):  # a compiled RE2 pattern
+    """A line's start whose sample is exactly one of `names`: the name, and the label set's
+    '{' or the blank that follows it. RE2: one pass over the page, linear, whatever it holds."""
     alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names))
-    return re.compile(rb"^(" + alternatives + rb")(?=[{ \t])", re.M)
+    return re2.compile(rb"(?m)^(" + alternatives + rb")[{ \t]")
 
 
 # A sample's label set: quoted values may hold anything escaped. RE2: linear in the line, which
@@ -130,7 +130,7 @@ def parse_metrics(text: str | bytes, names: Collection[str]) -> dict[str, float]
                 raise ValueError(f"a line of {match.group(1).decode()} is longer than "
                                  f"{LINE_CAP} bytes")
             end = len(data)
-        value = _sample_value(data[match.end():end])
+        value = _sample_value(data[match.end() - 1:end])
         if value is None:
             raise ValueError(f"not a sample line: {data[match.start():end][:100]!r}")
         name = match.group(1).decode()
