@@ -62,8 +62,10 @@ def pages() -> dict[str, bytes]:
         "4 KiB lines, a value never closed": (NAME + b'{a="' + b"x" * fill + b"\n") * at_cap,
         "4 KiB lines, empty labels": (NAME + b"{" + b'a="",' * (fill // 5) + b"} 1\n") * at_cap,
         "4 KiB lines, escapes": (NAME + b'{a="' + b"\\x" * (fill // 2) + b'"} 1\n') * at_cap,
-        "4096 short lines": (NAME + b'{a="1"} 1\n') * reader.MAX_SAMPLE_LINES,
-        "short lines past 4096": (NAME + b'{a="1"} 1\n') * (cap // (len(NAME) + 11)),
+        f"{reader.MAX_SAMPLE_LINES} short lines (the most read)": (
+            NAME + b'{a="1"} 1\n') * reader.MAX_SAMPLE_LINES,
+        "4096 short lines": (NAME + b'{a="1"} 1\n') * 4096,
+        "short lines to the cap": (NAME + b'{a="1"} 1\n') * (cap // (len(NAME) + 11)),
         "names that are prefixes": (NAME + b"_x 1\n") * (cap // (len(NAME) + 5)),
         "other samples only": b'vllm:other{a="1"} 1\n' * (cap // 20),
         "empty lines": b"\n" * cap,

@@ -107,7 +107,7 @@ def test_a_wanted_line_that_is_not_a_sample_is_an_error(line):
 
 
 class CountingLabels:
-    """Stands in for reader._LABELS: counts the matches and the bytes given to them."""
+    """Stands in for reader._LABELS: counts the label sets matched and their bytes."""
 
     def __init__(self, monkeypatch):
         self.calls, self.longest = 0, 0
@@ -150,6 +150,7 @@ def hostile_page(shape: str) -> bytes:
         "lines at the cap, empty labels": lambda: (
             name + b"{" + b'a="",' * (line // 5) + b"} 1\n") * lines,
         "most lines": lambda: (name + b'{a="1"} 1\n') * reader.MAX_SAMPLE_LINES,
+        "one line too many": lambda: (name + b'{a="1"} 1\n') * (reader.MAX_SAMPLE_LINES + 1),
     }[shape]()
 
 
@@ -159,7 +160,8 @@ def hostile_page(shape: str) -> bytes:
     ("lines at the cap, a value never closed", "not a sample line"),
     ("lines at the cap, escapes", 512.0),
     ("lines at the cap, empty labels", 512.0),
-    ("most lines", 4096.0)])
+    ("most lines", 1024.0),
+    ("one line too many", "more than 1024 lines")])
 def test_any_page_matches_at_most_the_line_cap_at_most_the_line_limit_times(
         shape, read, monkeypatch):
     """Whatever a page holds, the label sets matched are at most MAX_SAMPLE_LINES of at most
