@@ -20,14 +20,13 @@ empty): SMALL_CAP (64 KiB).
 Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 KB (histogram
 buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
 per read, once a second per pod; the dozen samples it reads cost a small fraction of that
-(bench/results/scrape-cost.md). The lines are found by a regular expression over the bytes that
-matches a name at a line's start and nothing after it (no copy of the page per line, no
-backtracking), SEARCH_CHUNK bytes per call; a wanted line longer than LINE_CAP is refused
-before anything looks at its content, the label set of the others is checked by RE2 (linear
-time, no backtracking) and the value read with bytes methods, and at most MAX_SAMPLE_LINES of
-them are parsed. So no page a pod can
-serve costs more than tens of milliseconds of CPU, in calls that hold the GIL a few
-milliseconds at most (worst pages: bench/results/metrics-parse.md).
+(bench/results/scrape-cost.md). The lines are found by RE2 (linear time, no backtracking) over
+the bytes, matching a name at a line's start and the character after it (no copy of the page
+per line); a wanted line longer than LINE_CAP is refused before anything looks at its content,
+the label set of the others is checked by RE2 too and the value read with bytes methods, and
+at most MAX_SAMPLE_LINES of them are parsed. So no page a pod can serve costs more than about
+ten milliseconds of CPU, in calls of a few milliseconds at most (worst pages:
+bench/results/metrics-parse.md).
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ MAX_SAMPLE_LINES = 1024
 # bytes of one wanted line: 4 times the longest line of a real vLLM 0.32.0 page (1,060 B, the
 # label set of vllm:cache_config_info)
 LINE_CAP = 4096
-SEARCH_CHUNK = 256 * 1024  # bytes of the page one search for the wanted lines covers
 SCRAPE_WORKERS = 32
 START_BY_S = 0.5  # a round's read not started by then is not read this round (BUSY)
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -77,28 +75,12 @@ def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _sample_starts(names: frozenset[str]) -> tuple[re.Pattern[bytes], int]:
-    """A line's start whose sample is exactly one of `names` (a label set or a blank follows
-    the name): the name, and nothing of the rest of the line; and the longest such match.
-    Literal alternatives at a line's start: no backtracking, a few steps per byte."""
+def _sample_starts(names: frozenset[str]):  # a compiled RE2 pattern
+    """A line's start whose sample is exactly one of `names`: the name, and the label set's
+    '{' or the blank that follows it. RE2: one linear pass over the page (a few ms at the
+    byte cap), whatever it holds."""
     alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names))
-    pattern = re.compile(rb"^(" + alternatives + rb")(?=[{ \t])", re.M)
-    return pattern, max(len(n.encode()) for n in names) + 1
-
-
-def _next_start(starts: tuple[re.Pattern[bytes], int], data: bytes,
-                pos: int) -> re.Match[bytes] | None:
-    """The first match of `starts` at or after `pos`, searched SEARCH_CHUNK bytes at a time
-    (a match that begins in a chunk is found whole), so that no one call, which holds the
-    GIL, scans more than that."""
-    pattern, longest = starts
-    while pos < len(data):
-        end = pos + SEARCH_CHUNK
-        match = pattern.search(data, pos, end + longest)
-        if match is not None and match.start() < end:
-            return match
-        pos = end
-    return None
+    return re2.compile(rb"(?m)^(" + alternatives + rb")[{ \t]")
 
 
 # A sample's label set: quoted values may hold anything escaped. RE2: linear in the line, which
@@ -141,7 +123,7 @@ def parse_metrics(text: str | bytes, names: Collection[str]) -> dict[str, float]
     starts = _sample_starts(frozenset(names))
     out: dict[str, float] = {}
     pos, lines = 0, 0
-    while (match := _next_start(starts, data, pos)) is not None:
+    while (match := starts.search(data, pos)) is not None:
         lines += 1
         if lines > MAX_SAMPLE_LINES:
             raise ValueError(f"more than {MAX_SAMPLE_LINES} lines of the samples read")
@@ -151,7 +133,7 @@ def parse_metrics(text: str | bytes, names: Collection[str]) -> dict[str, float]
                 raise ValueError(f"a line of {match.group(1).decode()} is longer than "
                                  f"{LINE_CAP} bytes")
             end = len(data)
-        value = _sample_value(data[match.end():end])
+        value = _sample_value(data[match.end() - 1:end])
         if value is None:
             raise ValueError(f"not a sample line: {data[match.start():end][:100]!r}")
         name = match.group(1).decode()
