@@ -25,7 +25,7 @@ the bytes, matching a name at a line's start and the character after it (no copy
 per line); a wanted line longer than LINE_CAP is refused before anything looks at its content,
 the label set of the others is checked by RE2 too and the value read with bytes methods, and
 at most MAX_SAMPLE_LINES of them are parsed. So no page a pod can serve costs more than about
-ten milliseconds of CPU, in calls of a few milliseconds at most (worst pages:
+15 ms of CPU, in calls of a few milliseconds at most (worst pages tried:
 bench/results/metrics-parse.md).
 """
 
