@@ -169,6 +169,18 @@ def test_schema_invalid_is_rejected_by_the_apiserver(api, ns):
     assert "spec.health.engineDead.action" in body
 
 
+@pytest.mark.parametrize("metric", [
+    'vllm:num_requests_running{namespace="team-b"}) + 0 * sum(vllm:num_requests_running',
+    "vllm:num_requests_running\n"])
+def test_a_metric_that_is_not_a_metric_name_is_rejected_by_the_apiserver(api, ns, metric):
+    """The CRD's pattern holds on the apiserver (RE2: '$' is the end of the text)."""
+    with pytest.raises(ApiException) as info:
+        create(api, ns, cr("eps-metric", autoscaling={
+            "enabled": True, "mode": "KEDA", "metric": metric}))
+    assert info.value.status == 422
+    assert "spec.autoscaling.metric" in info.value.body
+
+
 def test_semantic_invalid_sets_condition_and_touches_nothing(api, ns):
     create(api, ns, cr("zeta", gpusPerReplica=1, vllm={"tensorParallelSize": 4}))
     obj = wait_for("SpecValid=False", lambda: (o := get_cr(api, ns, "zeta")) and

@@ -150,3 +150,20 @@ def test_log_mark_seconds_must_be_a_second_or_more():
     args = build_parser().parse_args(["run", "--log-mark-seconds", "60"])
     assert args.log_mark_seconds == 60.0
     assert build_parser().parse_args(["run"]).log_mark_seconds == 300.0
+
+
+def test_render_refuses_a_metric_that_is_not_a_metric_name(tmp_path):
+    """The metric is pasted into the ScaledObject's query: one that would read another
+    namespace's series never reaches it."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["autoscaling"] = {
+        "enabled": True, "mode": "KEDA",
+        "metric": 'vllm:num_requests_running{namespace="team-b"}) + 0 * '
+                  'sum(vllm:num_requests_running'}
+    path = tmp_path / "keda.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = cli("render", "-f", str(path), "-n", "team-a",
+                 "--keda-prometheus-address", "http://prometheus:9090")
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "  - spec.autoscaling.metric: " in result.stderr
+    assert "team-b" not in result.stdout

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vlm_operator.api import crd
+from vlm_operator.api import crd, vllm_flags
 
 # Options that make a vLLM pod run code or fetch models chosen at run time rather than what the
 # image holds: an allowed image does not bound the code a pod runs while these are allowed.
@@ -154,10 +154,10 @@ def _code_problems(spec: Mapping[str, Any]) -> list[str]:
     engine = spec.get("vllm") or {}
     out = []
     for i, arg in enumerate(engine.get("extraArgs") or []):
-        flag = arg.split("=", 1)[0] if isinstance(arg, str) else None
-        if flag in CODE_ARGS:
-            out.append(f"spec.vllm.extraArgs[{i}]: {flag} is not allowed by the operator's "
-                       f"policy: it {CODE_ARGS[flag]}")
+        flag = vllm_flags.listed_flag(arg, CODE_ARGS) if isinstance(arg, str) else None
+        if flag:  # in any spelling vLLM accepts (api/vllm_flags.py)
+            out.append(f"spec.vllm.extraArgs[{i}]: {vllm_flags.spelled(arg, flag)} is not "
+                       f"allowed by the operator's policy: it {CODE_ARGS[flag]}")
     for i, var in enumerate(engine.get("env") or []):
         name = var.get("name") if isinstance(var, dict) else None
         if name in CODE_ENV:

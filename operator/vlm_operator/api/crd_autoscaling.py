@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vlm_operator.api import promql
 from vlm_operator.api import schema as s
 
 AUTOSCALING_MODES = ["Builtin", "HPA", "KEDA"]
@@ -31,8 +32,9 @@ def autoscaling() -> s.Schema:
                 default="Builtin", enum=AUTOSCALING_MODES),
             "minReplicas": s.integer("Fewest replicas.", default=1, minimum=0),
             "maxReplicas": s.integer("Most replicas.", default=1, minimum=1),
-            "metric": s.string("The vLLM metric scaled on.",
-                               default="vllm:num_requests_waiting", min_length=1),
+            "metric": s.string("The vLLM metric scaled on: a Prometheus metric name.",
+                               default="vllm:num_requests_waiting",
+                               pattern=promql.METRIC_NAME, max_length=promql.MAX_METRIC_NAME),
             "target": s.number("Target value of the metric per replica.",
                                default=5, minimum=0),
             "multimodalWeight": s.number(
@@ -52,7 +54,9 @@ def autoscaling() -> s.Schema:
                 {
                     "serverAddress": s.string("Prometheus URL.", pattern=r"^https?://"),
                     "query": s.string("PromQL query; a default on the metric is used "
-                                      "when empty."),
+                                      "when empty. Every selector must carry "
+                                      "namespace=\"<the VLMDeployment's namespace>\".",
+                                      max_length=promql.MAX_QUERY_LENGTH),
                 },
             ),
         },

@@ -13,12 +13,27 @@ followed by by/without), a label list after
 by/without/on/ignoring/group_left/group_right is skipped, `{...}` is a selector's matchers, and
 any other identifier that is not a keyword is a bare selector. It does not validate PromQL
 (Prometheus does that when KEDA queries); it only finds every place series are selected.
+
+The queries the operator writes itself (`keda_queries`: the default query on
+spec.autoscaling.metric, the KV-cache query) are built here too, so validation puts each through
+the same check before a ScaledObject carries it; the metric is a metric name (the CRD's
+METRIC_NAME pattern), pasted into them as is.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
+# A Prometheus metric name (the data model's [a-zA-Z_:][a-zA-Z0-9_:]*): what spec.autoscaling.metric
+# may hold, since it is pasted into queries and read from /metrics by name.
+METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+MAX_METRIC_NAME = 200
+_METRIC_NAME = re.compile(METRIC_NAME.strip("^$"))
+MAX_QUERY_LENGTH = 4096  # a tenant's query: tokenized in Python, at every reconcile
+KV_METRIC = "vllm:kv_cache_usage_perc"
+MAX_IMAGES_PER_REQUEST = 32  # caps KEDA's ratio while requests are in flight and none finished
 _TOKEN = re.compile(r"""
     (?P<space>\s+|\#[^\n]*)
   | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
@@ -117,3 +132,37 @@ def namespace_problems(query: str, namespace: str, where: str) -> list[str]:
     return [f"{where}: every selector must carry namespace=\"{namespace}\" (an equality "
             f"matcher) so the query reads only this namespace's series; "
             f"{', '.join(dict.fromkeys(bad))} do{'es' if len(set(bad)) == 1 else ''} not"]
+
+
+def is_metric_name(text: str) -> bool:
+    return len(text) <= MAX_METRIC_NAME and _METRIC_NAME.fullmatch(text) is not None
+
+
+def pods_selector(namespace: str, name: str) -> str:
+    """The matchers of a VLMDeployment's pods' series: its namespace, and pods named as its
+    Deployment names them."""
+    return f'{{namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}}'
+
+
+def default_query(scaling: Mapping[str, Any], namespace: str, name: str) -> str:
+    """Total of the metric over this VLMDeployment's pods (KEDA divides by the replicas), each
+    request weighed 1 + multimodalWeight x the images per request finished over 2 minutes."""
+    sel = pods_selector(namespace, name)
+    total = f"sum({scaling['metric']}{sel})"
+    weight = scaling["multimodalWeight"]
+    if not weight:
+        return total
+    images = f"(sum(rate(vllm:mm_cache_queries_total{sel}[2m])) or vector(0))"
+    done = f"(sum(rate(vllm:request_success_total{sel}[2m])) or vector(0))"
+    ratio = f"clamp_max({images} / clamp_min({done}, 0.001), {MAX_IMAGES_PER_REQUEST})"
+    return f"{total} * (1 + {weight:g} * {ratio})"
+
+
+def keda_queries(scaling: Mapping[str, Any], namespace: str,
+                 name: str) -> list[tuple[str, str]]:
+    """(the field it comes from, the query) of each trigger of a KEDA ScaledObject, in order:
+    the tenant's query or the default one on the metric, then the total KV-cache usage."""
+    own = (scaling.get("prometheus") or {}).get("query")
+    return [("spec.autoscaling.prometheus.query", own) if own else
+            ("spec.autoscaling.metric", default_query(scaling, namespace, name)),
+            ("spec.autoscaling", f"sum({KV_METRIC}{pods_selector(namespace, name)})")]

@@ -221,7 +221,8 @@ def validate(obj: Any, rules: admin_policy.AdminPolicy | None = None,
     problems += version_problems + engine_problems(spec) + _cache_problems(spec)
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     namespace = meta.get("namespace") or "default"
-    problems += scaling_problems(spec, namespace) + availability_problems(spec)
+    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+    problems += scaling_problems(spec, namespace, name) + availability_problems(spec)
     problems += signature_problems(spec)
     if rules is not None and not problems:
         problems = admin_policy.problems(spec, rules, secret_labels or (lambda _: None),

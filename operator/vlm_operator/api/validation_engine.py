@@ -1,6 +1,7 @@
 """Validation of spec.vllm, the engine: its shape (tensor parallelism against the GPUs, the
 processor kwargs as JSON, the media domains), the `vllm serve` flags in extraArgs against those
-the operator derives from the spec, and the container's environment (the names the operator
+the operator derives from the spec or that put a secret on the command line, in every spelling
+vLLM accepts (api/vllm_flags.py), and the container's environment (the names the operator
 sets, secrets as literals, and vLLM's logging settings the operator's log reading depends on).
 """
 
@@ -10,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from vlm_operator.api import log_signatures
+from vlm_operator.api import log_signatures, vllm_flags
 from vlm_operator.api.schema import section
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
@@ -31,6 +32,11 @@ MANAGED_FLAGS = {
     "--allowed-media-domains": "set spec.vllm.allowedMediaDomains instead",
     "--hf-token": "use spec.hfTokenSecretRef: a token on the command line is visible to "
                   "anyone who can read the pod",
+}
+# Flags that take a secret: on the command line it is in the pod spec, which anyone who can
+# read pods reads.
+SECRET_FLAGS = {
+    "--api-key": "set VLLM_API_KEY in spec.vllm.env from a Secret (valueFrom.secretKeyRef)",
 }
 
 # Environment the operator sets itself.
@@ -68,16 +74,27 @@ def engine_problems(spec: dict) -> list[str]:
     for i, arg in enumerate(args if isinstance(args, list) else []):
         if not isinstance(arg, str):
             continue
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            problems.append(f"spec.vllm.extraArgs[{i}]: {flag} is managed by the operator: "
-                            f"{MANAGED_FLAGS[flag]}")
+        problems += _arg_problems(f"spec.vllm.extraArgs[{i}]", arg)
     domains = engine.get("allowedMediaDomains")
     if isinstance(domains, list) and "*" in domains and len(domains) > 1:
         problems.append("spec.vllm.allowedMediaDomains: \"*\" allows any host and must be the "
                         "only entry")
     problems += _env_problems(engine.get("env"))
     return problems
+
+
+def _arg_problems(where: str, arg: str) -> list[str]:
+    if flag := vllm_flags.listed_flag(arg, MANAGED_FLAGS):
+        return [f"{where}: {vllm_flags.spelled(arg, flag)} is managed by the operator: "
+                f"{MANAGED_FLAGS[flag]}"]
+    if flag := vllm_flags.listed_flag(arg, SECRET_FLAGS):
+        return [f"{where}: {vllm_flags.spelled(arg, flag)} takes a secret, which on the command "
+                f"line anyone who can read the pod reads: {SECRET_FLAGS[flag]} instead"]
+    if flag := vllm_flags.listed_flag(arg, (vllm_flags.CONFIG_FLAG,)):
+        return [f"{where}: {vllm_flags.spelled(arg, flag)} reads more flags from a file in the "
+                "pod, which the operator cannot read: the flags it manages and those its policy "
+                "denies would go unchecked; put the flags in spec.vllm.extraArgs"]
+    return []
 
 
 def _env_problems(env: Any) -> list[str]:

@@ -17,16 +17,15 @@ does per pod (here over the whole VLMDeployment); the HPA cannot (a Pods metric 
 
 from __future__ import annotations
 
-from vlm_operator.api import crd, names
+from vlm_operator.api import crd, names, promql
+from vlm_operator.api.promql import KV_METRIC
 from vlm_operator.api.validation import VLMDeployment
 
 HPA_KIND = "HorizontalPodAutoscaler"
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 KEDA_KIND = "ScaledObject"
 KEDA_POLLING_SECONDS = 15
-KV_METRIC = "vllm:kv_cache_usage_perc"
 KV_HIGH = 0.8  # KV-cache usage that counts as one full replica (Builtin mode's too)
-MAX_IMAGES_PER_REQUEST = 32  # caps KEDA's ratio while requests are in flight and none finished
 
 
 # The prometheus-adapter rule HPA mode needs (docs/install.md): every vLLM series that carries
@@ -88,33 +87,11 @@ def _pods_metric(metric: str, target: float) -> dict:
         "target": {"type": "AverageValue", "averageValue": _quantity(target)}}}
 
 
-def _selector(vlmd: VLMDeployment) -> str:
-    return f'{{namespace="{vlmd.namespace}",pod=~"{vlmd.name}-[a-z0-9]+-[a-z0-9]+"}}'
-
-
-def default_query(vlmd: VLMDeployment) -> str:
-    """Total of the metric over this VLMDeployment's pods (KEDA divides by the replicas), each
-    request weighed 1 + multimodalWeight x the images per request finished over 2 minutes."""
-    scaling, sel = vlmd.spec["autoscaling"], _selector(vlmd)
-    total = f"sum({scaling['metric']}{sel})"
-    weight = scaling["multimodalWeight"]
-    if not weight:
-        return total
-    images = f"(sum(rate(vllm:mm_cache_queries_total{sel}[2m])) or vector(0))"
-    done = f"(sum(rate(vllm:request_success_total{sel}[2m])) or vector(0))"
-    ratio = f"clamp_max({images} / clamp_min({done}, 0.001), {MAX_IMAGES_PER_REQUEST})"
-    return f"{total} * (1 + {weight:g} * {ratio})"
-
-
-def kv_query(vlmd: VLMDeployment) -> str:
-    """Total KV-cache usage over this VLMDeployment's pods (KV_HIGH per replica)."""
-    return f"sum({KV_METRIC}{_selector(vlmd)})"
-
-
 def get_scaled_object(vlmd: VLMDeployment, metadata: dict, prometheus_address: str) -> dict:
-    """`prometheus_address`: policy.prometheus_address (the admin's, never the tenant's own)."""
+    """`prometheus_address`: policy.prometheus_address (the admin's, never the tenant's own).
+    The queries are promql.keda_queries, which validation checks stay in the namespace."""
     scaling = vlmd.spec["autoscaling"]
-    prom = scaling.get("prometheus") or {}
+    (_, main), (_, kv) = promql.keda_queries(scaling, vlmd.namespace, vlmd.name)
 
     def trigger(query: str, threshold: float) -> dict:
         return {"type": "prometheus", "metricType": "AverageValue",
@@ -132,8 +109,7 @@ def get_scaled_object(vlmd: VLMDeployment, metadata: dict, prometheus_address: s
             "pollingInterval": KEDA_POLLING_SECONDS,
             "cooldownPeriod": scaling["scaleDownDelaySeconds"],
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(scaling)}},
-            "triggers": [trigger(prom.get("query") or default_query(vlmd), scaling["target"]),
-                         trigger(kv_query(vlmd), KV_HIGH)],
+            "triggers": [trigger(main, scaling["target"]), trigger(kv, KV_HIGH)],
         },
     }
 

@@ -20,20 +20,25 @@ empty): SMALL_CAP (64 KiB).
 Only the samples a caller names are parsed: a real vLLM's /metrics is about 50 KB (histogram
 buckets, process and GC families), and parsing all of it costs the operator about 8 ms of CPU
 per read, once a second per pod; the dozen samples it reads cost a small fraction of that
-(bench/results/scrape-cost.md). The lines are found by a regular expression over the bytes
-(no copy of the page per line), and at most MAX_SAMPLE_LINES of them are parsed, so no page a
-pod can serve costs more than tens of milliseconds.
+(bench/results/scrape-cost.md). The lines are found by RE2 (linear time, no backtracking) over
+the bytes, matching a name at a line's start and the character after it (no copy of the page
+per line); a wanted line longer than LINE_CAP is refused before anything looks at its content,
+the label set of the others is checked by RE2 too and the value read with bytes methods, and
+at most MAX_SAMPLE_LINES of them are parsed. So no page a pod can serve costs more than about
+15 ms of CPU, in calls of a few milliseconds at most (worst pages tried:
+bench/results/metrics-parse.md).
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
 from collections.abc import Collection
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
+
+import re2
 
 from vlm_operator.api import names
 from vlm_operator.engine import podhttp
@@ -44,7 +49,12 @@ METRICS_TIMEOUT_S = 1.0
 HEALTH_TIMEOUT_S = 1.0
 METRICS_CAP = 2 * 1024 * 1024
 SMALL_CAP = 64 * 1024
-MAX_SAMPLE_LINES = 4096
+# wanted lines of one page: a vLLM server has one per engine and label set, a few dozen (eight
+# data-parallel engines: under 300 of the samples a round reads); each costs a few microseconds
+MAX_SAMPLE_LINES = 1024
+# bytes of one wanted line: 4 times the longest line of a real vLLM 0.32.0 page (1,060 B, the
+# label set of vllm:cache_config_info)
+LINE_CAP = 4096
 SCRAPE_WORKERS = 32
 START_BY_S = 0.5  # a round's read not started by then is not read this round (BUSY)
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -64,39 +74,70 @@ def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _sample_lines(names: frozenset[str]) -> re.Pattern[bytes]:
-    """Lines of the exposition format whose sample is exactly one of `names` (a label set or
-    a blank follows the name): the name, and the rest of the line."""
-    alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names))
-    return re.compile(rb"^(" + alternatives + rb")((?:[{ \t])[^\n]*)", re.M)
+def _sample_starts(names: frozenset[str]):  # a compiled RE2 pattern
+    """A line's start whose sample is exactly one of `names`: the name, and the label set's
+    '{' or the blank that follows it. RE2: one linear pass over the page (a few ms at the
+    byte cap), whatever it holds."""
+    alternatives = b"|".join(re2.escape(n.encode()) for n in sorted(names))
+    return re2.compile(rb"(?m)^(" + alternatives + rb")[{ \t]")
 
 
-# what follows a sample's name: an optional label set (quoted values may hold anything
-# escaped), the value, an optional timestamp
-_REST = re.compile(rb'(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?[ \t]+([^ \t\n]+)'
-                   rb"(?:[ \t]+-?[0-9]+)?[ \t]*\r?")
+# A sample's label set: quoted values may hold anything escaped. RE2: linear in the line, which
+# is at most LINE_CAP bytes.
+_LABELS = re2.compile(rb'\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\}')
+
+
+def _sample_value(rest: bytes) -> float | None:
+    """The value of a sample line from what follows its name (at most LINE_CAP bytes, no
+    newline): an optional label set, blanks, the value, an optional integer timestamp; None
+    when it is not that. The label set ends at the line's last '}' (neither the value nor the
+    timestamp holds one)."""
+    if rest.startswith(b"{"):
+        close = rest.rfind(b"}")
+        if close < 0 or _LABELS.fullmatch(rest[:close + 1]) is None:
+            return None
+        rest = rest[close + 1:]
+    fields = rest.split()
+    if rest[:1] not in (b" ", b"\t") or not 1 <= len(fields) <= 2 or (
+            len(fields) == 2 and not fields[1].removeprefix(b"-").isdigit()):
+        return None
+    try:
+        return float(fields[0])
+    except ValueError:
+        return None
 
 
 def parse_metrics(text: str | bytes, names: Collection[str]) -> dict[str, float]:
     """Sample name -> value summed over label sets (engines, finished reasons), for the
     samples called `names` (exact sample names, e.g. vllm:request_success_total); the other
     lines are skipped by their name, by a regular expression over the bytes. Raises
-    ValueError on a wanted line that is not a sample, or on more than MAX_SAMPLE_LINES wanted
-    lines (a vLLM server has one per engine and label set: a few dozen): a page at the cap made
-    of nothing but wanted lines would otherwise cost 0.15 s of CPU per read (a second with
-    prometheus_client's general parser)."""
+    ValueError on a wanted line that is not a sample, is longer than LINE_CAP bytes (refused
+    before its content is looked at), or on more than MAX_SAMPLE_LINES wanted lines. So the
+    work per page is bounded:
+    the search for names over at most METRICS_CAP bytes, and for at most MAX_SAMPLE_LINES
+    lines of at most LINE_CAP bytes each, one RE2 match and a few bytes methods."""
     if not names:
         return {}
     data = text.encode() if isinstance(text, str) else text
+    starts = _sample_starts(frozenset(names))
     out: dict[str, float] = {}
-    for i, match in enumerate(_sample_lines(frozenset(names)).finditer(data)):
-        if i >= MAX_SAMPLE_LINES:
+    pos, lines = 0, 0
+    while (match := starts.search(data, pos)) is not None:
+        lines += 1
+        if lines > MAX_SAMPLE_LINES:
             raise ValueError(f"more than {MAX_SAMPLE_LINES} lines of the samples read")
-        rest = _REST.fullmatch(match.group(2))
-        if rest is None:
-            raise ValueError(f"not a sample line: {match.group()[:100]!r}")
+        end = data.find(b"\n", match.end(), match.start() + LINE_CAP + 1)
+        if end < 0:
+            if len(data) - match.start() > LINE_CAP:
+                raise ValueError(f"a line of {match.group(1).decode()} is longer than "
+                                 f"{LINE_CAP} bytes")
+            end = len(data)
+        value = _sample_value(data[match.end() - 1:end])
+        if value is None:
+            raise ValueError(f"not a sample line: {data[match.start():end][:100]!r}")
         name = match.group(1).decode()
-        out[name] = out.get(name, 0.0) + float(rest.group(1))
+        out[name] = out.get(name, 0.0) + value
+        pos = end
     return out
 
 

@@ -50,3 +50,56 @@ def test_a_selector_without_the_namespace_is_named(query, bad):
 def test_unreadable_queries_are_refused(query, why):
     (problem,) = promql.namespace_problems(query, NS, "q")
     assert why in problem
+
+
+INJECTION = ('vllm:num_requests_running{namespace="team-b"}) + 0 * '
+             'sum(vllm:num_requests_running')
+
+
+def keda(**scaling):
+    from vlm_operator.api import crd
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": "demo", "namespace": NS},
+            "spec": {"model": "m", "autoscaling": {"enabled": True, "mode": "KEDA", **scaling}}}
+
+
+@pytest.mark.parametrize("mode", ["Builtin", "HPA", "KEDA"])
+@pytest.mark.parametrize("metric", [
+    INJECTION, 'vllm:x{namespace="team-b"}', "vllm:x or vector(1)", "vllm:x\n", "", "1x",
+    "x" * 201])
+def test_the_metric_must_be_a_metric_name(metric, mode):
+    """spec.autoscaling.metric is pasted into KEDA's query (and named in HPA's and Builtin's
+    reads): anything but a metric name is refused, naming the field."""
+    from vlm_operator.api.validation import validate
+    problems, _ = validate(keda(mode=mode, metric=metric))
+    assert problems and all(p.startswith("spec.autoscaling.metric: ") for p in problems), problems
+
+
+def test_the_injection_is_refused_for_reading_another_namespace():
+    """The default query on the metric goes through the same check as a tenant's own query."""
+    from vlm_operator.api.validation import validate
+    problems, _ = validate(keda(metric=INJECTION))
+    assert any(p.startswith('spec.autoscaling.metric: every selector must carry '
+                            'namespace="team-a"') for p in problems), problems
+
+
+@pytest.mark.parametrize("scaling", [
+    {}, {"metric": "vllm:num_requests_running", "multimodalWeight": 0},
+    {"metric": "vllm:gpu_cache_usage_perc", "multimodalWeight": 2.5},
+    {"prometheus": {"query": 'sum(x{namespace="team-a"})'}}])
+def test_every_query_of_the_scaled_object_reads_only_the_namespace(scaling):
+    from vlm_operator.api.validation import parse
+    from vlm_operator.desired.autoscaler_objects import get_scaled_object
+    vlmd = parse(keda(**scaling))
+    triggers = get_scaled_object(vlmd, {"name": "demo"}, "http://p")["spec"]["triggers"]
+    queries = [t["metadata"]["query"] for t in triggers]
+    assert queries == [q for _, q in promql.keda_queries(vlmd.spec["autoscaling"], NS, "demo")]
+    for query in queries:
+        assert promql.namespace_problems(query, NS, "q") == []
+
+
+def test_a_query_over_the_length_is_refused_without_reading_it():
+    from vlm_operator.api.validation import validate
+    query = 'sum(x{namespace="team-a"})' + " " * promql.MAX_QUERY_LENGTH
+    problems, _ = validate(keda(prometheus={"query": query}))
+    assert problems == [f"spec.autoscaling.prometheus.query: {query!r} is too long"]

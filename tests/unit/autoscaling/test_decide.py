@@ -488,12 +488,13 @@ def test_keda_default_query_weighs_requests_by_their_images():
     """As Builtin mode does per pod: each request counts 1 + multimodalWeight x the images per
     finished request, here over the whole VLMDeployment, capped while none finished; a model
     without multimodal series reads as 0 images, never as no value."""
-    query = ab.default_query(vlmd(enabled=True, mode="KEDA", multimodalWeight=0.5))
+    from vlm_operator.api import promql
+    scaling = vlmd(enabled=True, mode="KEDA", multimodalWeight=0.5).spec["autoscaling"]
+    query = promql.default_query(scaling, "team", "demo")
     assert query == (
         f"sum(vllm:num_requests_waiting{SELECTOR}) * (1 + 0.5 * clamp_max("
         f"(sum(rate(vllm:mm_cache_queries_total{SELECTOR}[2m])) or vector(0)) / clamp_min("
         f"(sum(rate(vllm:request_success_total{SELECTOR}[2m])) or vector(0)), 0.001), 32))")
-    from vlm_operator.api import promql
     assert promql.namespace_problems(query, "team", "q") == []
 
 

@@ -109,7 +109,8 @@ def test_a_page_just_under_the_cap_is_read_but_not_endless_samples(stand_in):
     assert reader.get_metrics(POD_IP, PROGRESS_METRICS) == {}
     with pytest.raises(PodHTTPError) as info:
         reader.get_metrics(POD_IP, reader.IN_FLIGHT_METRICS)
-    assert info.value.kind == BAD_ANSWER and "more than 4096 lines" in info.value.detail
+    assert info.value.kind == BAD_ANSWER and \
+        f"more than {reader.MAX_SAMPLE_LINES} lines" in info.value.detail
 
 
 def test_drip_fed_headers_are_cut_at_the_deadline(stand_in):

@@ -82,6 +82,101 @@ def test_samples_with_and_without_labels_and_any_blank_are_summed():
     assert reader.parse_metrics(text, {"vllm:a"}) == {"vllm:a": 5.0}
 
 
+@pytest.mark.parametrize("line, value", [
+    ('vllm:a{x="a } b",y="q\\"} 7"} 2', 2.0),  # '}', an escaped quote and blanks in values
+    ('vllm:a{x="\\\\"} 3 1700000000000', 3.0),  # an escaped backslash; a timestamp
+    ('vllm:a{} +Inf', float("inf")),
+    ('vllm:a 4\r', 4.0),
+])
+def test_label_values_may_hold_anything_escaped(line, value):
+    assert reader.parse_metrics(line + "\n", {"vllm:a"}) == {"vllm:a": value}
+
+
+@pytest.mark.parametrize("line", [
+    'vllm:a{x="1} 2',  # a value never closed
+    'vllm:a{x="1"}2',  # no blank before the value
+    'vllm:a{x="1"} 2}',  # a brace after the value
+    'vllm:a{x="1"} 2 3.5',  # a timestamp that is not an integer
+    'vllm:a 1 2 3',
+    'vllm:a{x="1"} ',
+    'vllm:a x',
+])
+def test_a_wanted_line_that_is_not_a_sample_is_an_error(line):
+    with pytest.raises(ValueError, match="not a sample line"):
+        reader.parse_metrics(line + "\n", {"vllm:a"})
+
+
+class CountingLabels:
+    """Stands in for reader._LABELS: counts the label sets matched and their bytes."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.longest = 0, 0
+        self.real = getattr(reader, "_LABELS", None)
+        monkeypatch.setattr(reader, "_LABELS", self, raising=False)
+
+    def fullmatch(self, text):
+        self.calls += 1
+        self.longest = max(self.longest, len(text))
+        return self.real.fullmatch(text)
+
+
+def test_a_wanted_line_over_the_cap_is_refused_before_its_content_is_matched(monkeypatch):
+    """A pod's page may hold a wanted line up to the whole answer (2 MiB); past LINE_CAP bytes
+    it is refused as it is, its label set never matched, however well formed."""
+    counting = CountingLabels(monkeypatch)
+    labels = '{x="' + "v" * (reader.LINE_CAP - len('vllm:a{x=""} 1')) + '"}'
+    at_cap = f"vllm:a{labels} 1"
+    assert len(at_cap) == reader.LINE_CAP
+    assert reader.parse_metrics(at_cap + "\n", {"vllm:a"}) == {"vllm:a": 1.0}
+    assert counting.calls == 1
+    for over in (f"vllm:a{labels}  1", f"vllm:a{labels}  1\n"):  # one byte more, last or not
+        with pytest.raises(ValueError, match=f"longer than {reader.LINE_CAP} bytes"):
+            reader.parse_metrics(over, {"vllm:a"})
+    assert counting.calls == 1
+
+
+def hostile_page(shape: str) -> bytes:
+    """Pages at the byte cap whose wanted lines cost a backtracking parser the most."""
+    cap, name = reader.METRICS_CAP, b"vllm:num_requests_running"
+    line = reader.LINE_CAP - len(name) - 10
+    lines = cap // reader.LINE_CAP
+    return {
+        "one line, a value never closed": lambda: name + b'{a="' + b"x" * cap,
+        "one line, empty labels": lambda: name + b"{" + b'a="",' * (cap // 5) + b"} 1",
+        "lines at the cap, a value never closed": lambda: (
+            name + b'{a="' + b"x" * line + b"\n") * lines,
+        "lines at the cap, escapes": lambda: (
+            name + b'{a="' + b"\\x" * (line // 2) + b'"} 1\n') * lines,
+        "lines at the cap, empty labels": lambda: (
+            name + b"{" + b'a="",' * (line // 5) + b"} 1\n") * lines,
+        "most lines": lambda: (name + b'{a="1"} 1\n') * reader.MAX_SAMPLE_LINES,
+        "one line too many": lambda: (name + b'{a="1"} 1\n') * (reader.MAX_SAMPLE_LINES + 1),
+    }[shape]()
+
+
+@pytest.mark.parametrize("shape, read", [
+    ("one line, a value never closed", "longer than"),
+    ("one line, empty labels", "longer than"),
+    ("lines at the cap, a value never closed", "not a sample line"),
+    ("lines at the cap, escapes", 512.0),
+    ("lines at the cap, empty labels", 512.0),
+    ("most lines", 1024.0),
+    ("one line too many", "more than 1024 lines")])
+def test_any_page_matches_at_most_the_line_cap_at_most_the_line_limit_times(
+        shape, read, monkeypatch):
+    """Whatever a page holds, the label sets matched are at most MAX_SAMPLE_LINES of at most
+    LINE_CAP bytes each (RE2: linear in them), and a bad line ends the read."""
+    counting = CountingLabels(monkeypatch)
+    name = "vllm:num_requests_running"
+    if isinstance(read, str):
+        with pytest.raises(ValueError, match=read):
+            reader.parse_metrics(hostile_page(shape), {name})
+    else:
+        assert reader.parse_metrics(hostile_page(shape), {name}) == {name: read}
+    assert counting.calls <= reader.MAX_SAMPLE_LINES
+    assert counting.longest <= reader.LINE_CAP
+
+
 def test_one_tenants_silent_pods_do_not_hold_another_tenants_read(monkeypatch):
     """Tenant a's pods accept connections and never answer (each read runs to its deadline);
     with a's reads taking its share of the scrape workers, tenant b's read in the same moment
