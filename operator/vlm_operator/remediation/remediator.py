@@ -271,6 +271,7 @@ class Remediator:
             policy=policy, acted_until=max(
                 (t for t in (acted_until(incident.uid, body["metadata"].get("annotations")),
                              ladder.recovered_until(pod)) if t is not None), default=None),
+            container_since=ladder.container_since(pod),
             backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
             health=health, spare_gpus=spare)
 
