@@ -62,7 +62,7 @@ class _State:
     history: tuple[a.Point, ...] = ()
     counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
     last: tuple[int, a.ScalingReason, tuple] | None = None  # what status last said
-    starts: tuple[tuple[str, float], ...] = ()  # (pod uid, creation to Ready) seen
+    starts: starts.Starts = field(default_factory=starts.Starts)  # counted, and pods watched
     limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
     wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
 
@@ -235,7 +235,7 @@ class Autoscaler:
                   meta.get("resourceVersion"))
         starting = [p for p in pods if not _fenced(p)]  # a fence is no start of a new replica
         state.starts = starts.seen_starts(state.starts, starting)
-        pending = starts.pending_replicas(starting, state.starts)
+        pending = starts.pending_replicas(starting, state.starts.seen)
         self._record(vlmd, decision, samples, current, desired, reason, message, state, pending)
         metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
         return replace(decision, desired=desired, reason=reason, message=message)

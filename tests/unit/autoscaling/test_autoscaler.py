@@ -163,6 +163,8 @@ def test_status_says_when_each_replica_still_starting_should_serve():
     done["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:01:50Z"  # 110 s
     starting = pod("b", ready=False, started=False)
     starting["metadata"]["creationTimestamp"] = "2026-01-01T00:10:00Z"
+    scaler.tick(kube.body, [pod("a", ready=False, started=False), starting], {})  # a starts
+    kube.statuses.clear()
     scaler.tick(kube.body, [done, starting], {"a": IDLE})
     (status,) = kube.statuses
     assert status["autoscaling"]["pendingReplicas"] == [{
@@ -206,3 +208,17 @@ def test_a_fenced_pod_counts_as_capacity_on_its_way_back():
         decision = scaler.tick(kube.body, [pod("a"), fenced("b")], {"a": busy})
     assert decision.desired == 2
     assert not [c for c in kube.calls if c[0] in ("delete", "scale", "mark")], kube.calls
+
+
+def test_a_fresh_autoscaler_never_takes_a_pods_age_for_its_start():
+    """After an operator restart, a pod Ready since a flap 3 days after its creation is no
+    3-day start: the replica still starting has no expectation rather than one 3 days away."""
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
+    flapped = pod("a")
+    flapped["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-04T00:00:00Z"
+    starting = pod("b", ready=False, started=False)
+    starting["metadata"]["creationTimestamp"] = "2026-01-05T00:00:00Z"
+    scaler.tick(kube.body, [flapped, starting], {"a": IDLE})
+    (entry,) = kube.statuses[-1]["autoscaling"]["pendingReplicas"]
+    assert "expectedReadyTime" not in entry and entry["expected"].startswith("unknown")
