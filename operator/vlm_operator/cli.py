@@ -14,6 +14,7 @@ from vlm_operator.api import admin_policy, crd, names
 from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.desired import children
 from vlm_operator.remediation import steps as remediation
+from vlm_operator.remediation.ladder import KUBELET_BACKOFF
 
 EXIT_USAGE = 2
 # A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.
@@ -208,6 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "no GPU is free elsewhere for its replacement; then the pod is drained "
                           "and deleted so the drain finishes (default "
                           f"{remediation.NODE_DRAIN_WAIT_S:g})")
+    run.add_argument("--kubelet-backoff-seconds", type=_seconds_at_least(0.1),
+                     default=KUBELET_BACKOFF.initial_s, metavar="SECONDS",
+                     help="the nodes' crash-loop back-off before a container's second restart, "
+                          "doubling to --kubelet-max-backoff-seconds (the kubelet's; "
+                          "spec.health.recovery InPlace weighs it against a new pod; default "
+                          f"{KUBELET_BACKOFF.initial_s:g})")
+    run.add_argument("--kubelet-max-backoff-seconds", type=_seconds_at_least(0.1),
+                     default=KUBELET_BACKOFF.max_s, metavar="SECONDS",
+                     help="the nodes' longest crash-loop back-off (kubelet "
+                          "crashLoopBackOff.maxContainerRestartPeriod where set); the kubelet "
+                          "forgets a back-off after a run twice this long (default "
+                          f"{KUBELET_BACKOFF.max_s:g})")
     run.add_argument("--log-mark-seconds", type=_seconds_at_least(1), default=300.0,
                      help="at most one resume mark per followed pod this often (a pod "
                           "annotation, so a PATCH each: where a restarted operator resumes "
