@@ -156,9 +156,12 @@ class Bed:
             self.core.delete_namespace(namespace)
 
     # -- the node and operator side
-    def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n") -> NodeSimulator:
+    def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n",
+              **options: Any) -> NodeSimulator:
+        """Simulated GPU nodes; `options`: more NodeSimulator arguments for these (a row's own
+        kubelet back-off)."""
         sim = NodeSimulator(self.kubeconfig, nodes=nodes, gpus_per_node=gpus_per_node,
-                            **{"backoff_base": 1.0, **self.node_options},
+                            **{"backoff_base": 1.0, **self.node_options, **options},
                             name_prefix=f"sim-{self.ns}-{tag}")
         return self._stack.enter_context(sim)
 
