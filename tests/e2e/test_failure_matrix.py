@@ -256,6 +256,8 @@ def old_restarts_in_place(seen: Observed) -> None:
     assert seen.events["PodFenced"] == 1 and seen.events["PodRecoveredInPlace"] == 1, \
         seen.events
     assert not seen.events["PodRestarted"], seen.events
+    (fenced,) = seen.notes["fenced"]  # the kubelet forgot the back-off: no wait estimated
+    assert "restarts the container in place at once" in fenced, fenced
     assert seen.notes["last_remediation"]["rung"] == "unfenced"
     said(seen, "engine_dead", "Restart")
 

@@ -221,8 +221,9 @@ def first_rung(signature: str, pod: Mapping, now: float, *, plugin_loaded: bool,
         return Rung.DELETE, (f"the kubelet would wait {backoff:.0f} s before restarting it in "
                              f"place, longer than a new pod's cold start ({COLD_START_S:.0f} s)")
     if signature == "engine_dead" and not keeps_alive(pod):
+        when = f"after its back-off (about {backoff:.0f} s)" if backoff > 0 else "at once"
         return Rung.AWAIT_EXIT, ("vLLM exits after its engine dies: the kubelet restarts the "
-                                 "container in place, caches kept")
+                                 f"container in place {when}, caches kept")
     return _after_exit(pod, plugin_loaded)
 
 
@@ -234,9 +235,11 @@ def _after_exit(pod: Mapping, plugin_loaded: bool) -> tuple[Rung, str]:
                          "it in place: a new pod")
 
 
-def deadline_for(rung: Rung, now: float) -> float:
-    return now + {Rung.AWAIT_EXIT: EXIT_WAIT_S, Rung.RESTART_REQUEST: REQUEST_WAIT_S}.get(
-        rung, 0.0)
+def deadline_for(rung: Rung, now: float, backoff_s: float = 0.0) -> float:
+    """When the rung has failed; awaiting the exit also waits out the kubelet's back-off
+    (kubelet_backoff_s) before its in-place restart."""
+    return now + {Rung.AWAIT_EXIT: EXIT_WAIT_S + backoff_s,
+                  Rung.RESTART_REQUEST: REQUEST_WAIT_S}.get(rung, 0.0)
 
 
 def climb(fence: Fence, rung: Rung, now: float, restarts: int) -> Fence:

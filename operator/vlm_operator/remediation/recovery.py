@@ -79,7 +79,8 @@ class Recovery:
                                       plugin_loaded=self.plugin_loaded(incident.uid),
                                       kubelet=self.kubelet)
         fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
-                             ladder.deadline_for(rung, now), restart_count(pod), plan.message)
+                             ladder.deadline_for(rung, now, ladder.kubelet_backoff_s(
+                                 pod, now, self.kubelet)), restart_count(pod), plan.message)
         REMEDIATIONS.labels(namespace, name, RESTART).inc()
         self._take(namespace, name, pod, incident, fence, f"{plan.message}; fenced: {why}",
                    case.body, node)

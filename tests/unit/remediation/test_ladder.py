@@ -92,10 +92,14 @@ def test_the_back_off_is_estimated_from_recent_restarts_as_the_kubelet_keeps_it(
     old = history(restarts=5, started=T - 3 * day, prev=(T - 20 * day, T - 3 * day))
     assert ladder.kubelet_backoff_s(old, T) == 0
     rung, why = ladder.first_rung("engine_dead", old, T, plugin_loaded=True)
-    assert rung == Rung.AWAIT_EXIT and "in place" in why
+    assert rung == Rung.AWAIT_EXIT and "in place at once" in why
     # a short run now after a long one: the back-off began again at the last restart
-    assert ladder.kubelet_backoff_s(history(restarts=5, started=T - 60,
-                                            prev=(T - 2 * day, T - 61)), T) == 10
+    again = history(restarts=5, started=T - 60, prev=(T - 2 * day, T - 61))
+    assert ladder.kubelet_backoff_s(again, T) == 10
+    rung, why = ladder.first_rung("engine_dead", again, T, plugin_loaded=True)
+    assert rung == Rung.AWAIT_EXIT and "after its back-off (about 10 s)" in why
+    # awaiting the exit waits out that back-off too
+    assert ladder.deadline_for(Rung.AWAIT_EXIT, T, 10) == T + ladder.EXIT_WAIT_S + 10
     assert ladder.kubelet_backoff_s(history(restarts=1, started=T - 60,
                                             prev=(T - 70, T - 61)), T) == 10
     # the last two ran briefly: earlier restarts are not visible, the lifetime count bounds it

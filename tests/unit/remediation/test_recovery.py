@@ -219,7 +219,8 @@ def test_a_pod_with_old_restarts_is_still_recovered_in_place():
                                       "finishedAt": rfc3339(now - 3 * 86400 - 1)}}
     rem = remediator(kube)
     rem.incident(NS, "vl", death())
-    assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "await-exit"
+    fence = ladder.parse_fence(pod["metadata"]["annotations"])
+    assert fence.rung == "await-exit" and fence.deadline - fence.at == ladder.EXIT_WAIT_S
     assert not deletions(kube)
 
 

@@ -110,7 +110,10 @@ def old_restarts(bed: Bed, health: dict | None) -> Observed:
         "PodRecoveredInPlace"] + bed.events("row")["PodRestarted"] >= 1, settle=5)
     seen.notes.update(restarts_before=5, pod_kept=any(
         p.metadata.uid == pod.metadata.uid for p in bed.pods("row")
-        if p.metadata.deletion_timestamp is None))
+        if p.metadata.deletion_timestamp is None), fenced=[
+        e.message for e in bed.core.list_namespaced_event(
+            bed.ns, field_selector="involvedObject.name=row").items
+        if e.reason == "PodFenced"])
     return seen
 
 
