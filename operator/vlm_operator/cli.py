@@ -15,6 +15,7 @@ from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.desired import children, inference_pool
 from vlm_operator.k8s import nodes
 from vlm_operator.remediation import steps as remediation
+from vlm_operator.remediation.ladder import KUBELET_BACKOFF
 
 EXIT_USAGE = 2
 # A label key (optional DNS prefix, a name of up to 63 characters), optionally =value.
@@ -229,6 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "autoscaler's and Karpenter's taints (at most "
                           f"{nodes.MAX_MARKERS}); {nodes.UNSCHEDULABLE_TAINT} makes every "
                           "cordon a drain. Default: none")
+    run.add_argument("--kubelet-backoff-seconds", type=_seconds_at_least(0.1),
+                     default=KUBELET_BACKOFF.initial_s, metavar="SECONDS",
+                     help="the nodes' crash-loop back-off before a container's second restart, "
+                          "doubling to --kubelet-max-backoff-seconds (the kubelet's; "
+                          "spec.health.recovery InPlace weighs it against a new pod; default "
+                          f"{KUBELET_BACKOFF.initial_s:g})")
+    run.add_argument("--kubelet-max-backoff-seconds", type=_seconds_at_least(0.1),
+                     default=KUBELET_BACKOFF.max_s, metavar="SECONDS",
+                     help="the nodes' longest crash-loop back-off (kubelet "
+                          "crashLoopBackOff.maxContainerRestartPeriod where set); the kubelet "
+                          "forgets a back-off after a run twice this long (default "
+                          f"{KUBELET_BACKOFF.max_s:g})")
     run.add_argument("--log-mark-seconds", type=_seconds_at_least(1), default=300.0,
                      help="at most one resume mark per followed pod this often (a pod "
                           "annotation, so a PATCH each: where a restarted operator resumes "

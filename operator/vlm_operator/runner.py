@@ -49,6 +49,7 @@ from vlm_operator.k8s.peering import Peering, get_identity
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
 from vlm_operator.reconcile.reconciler import Reconciler
+from vlm_operator.remediation.ladder import KubeletBackoff
 from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
@@ -212,7 +213,9 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
         replica_fits=budget.replica_fits, engine_dead=followers.engine_dead,
         plugin_loaded=followers.plugin_loaded, gpu_error=followers.gpu_error,
         leaving_nodes=cluster.leaving_nodes,
-        node_drain_wait_s=args.node_drain_wait_seconds).start()
+        node_drain_wait_s=args.node_drain_wait_seconds,
+        kubelet_backoff=KubeletBackoff(args.kubelet_backoff_seconds,
+                                       args.kubelet_max_backoff_seconds)).start()
     logwatch = LogWatch(kube, refresh, remediator, followers,
                         may_mark=peering.may_act if peering else None,
                         mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)

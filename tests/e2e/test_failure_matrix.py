@@ -274,6 +274,35 @@ def hung_api_key(seen: Observed) -> None:
                for why in seen.notes["restart_reasons"]), seen.notes["restart_reasons"]
 
 
+def fenced_under_scale_down(seen: Observed) -> None:
+    assert seen.notes["replicas"] == 1
+    assert seen.notes["healthy_kept"], "the healthy pod was removed, not the fenced one"
+    assert seen.notes["pods_left"] == [seen.notes["healthy_uid"]], seen.notes
+    assert seen.touched == [] and seen.lowest_ready >= 1
+    assert seen.events["PodFenced"] == 1 and not seen.events["PodRestarted"], seen.events
+
+
+def late_engine_death_line(seen: Observed) -> None:
+    assert seen.notes["pod_kept"], "the restarted container was deleted or restarted again"
+    assert seen.touched == [] and seen.recovered_s is not None
+    assert not {"PodFenced", "PodRestarted", "PodRestartRequested"} & set(seen.events), \
+        seen.events
+    assert seen.notes["last_remediation"] is None
+    assert seen.notes["late_line_read"], "the late line was never decided on"
+
+
+def old_restarts_in_place(seen: Observed) -> None:
+    assert seen.recovered_s is not None, "not serving again"
+    assert seen.notes["pod_kept"], "replaced by a new pod"
+    assert seen.events["PodFenced"] == 1 and seen.events["PodRecoveredInPlace"] == 1, \
+        seen.events
+    assert not seen.events["PodRestarted"], seen.events
+    (fenced,) = seen.notes["fenced"]  # the kubelet forgot the back-off: no wait estimated
+    assert "restarts the container in place at once" in fenced, fenced
+    assert seen.notes["last_remediation"]["rung"] == "unfenced"
+    said(seen, "engine_dead", "Restart")
+
+
 CHECKS = {
     "engine-dead-exit0-1": dead(1), "engine-dead-exit1-1": dead(1),
     "engine-dead-alive-1": dead(1, STAYS_UP), "engine-dead-exit0-3": dead(1),
@@ -295,6 +324,9 @@ CHECKS = {
     "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,
     "long-prefill-only-replica": long_prefill,
     "hung-engine-api-key": hung_api_key,
+    "fenced-under-builtin-scaledown": fenced_under_scale_down,
+    "late-engine-death-line": late_engine_death_line,
+    "old-restarts-in-place": old_restarts_in_place,
 }
 
 

@@ -141,6 +141,21 @@ def test_node_drain_markers_are_taint_or_label_keys(capsys):
         assert "--node-drain-markers" in capsys.readouterr().err
 
 
+def test_the_nodes_kubelet_back_off_is_a_run_flag_with_the_kubelets_defaults(capsys):
+    from vlm_operator.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["run"])
+    assert (args.kubelet_backoff_seconds, args.kubelet_max_backoff_seconds) == (10.0, 300.0)
+    args = parser.parse_args(["run", "--kubelet-backoff-seconds", "1",
+                              "--kubelet-max-backoff-seconds", "60"])
+    assert (args.kubelet_backoff_seconds, args.kubelet_max_backoff_seconds) == (1.0, 60.0)
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "--kubelet-max-backoff-seconds", bad])
+        assert "--kubelet-max-backoff-seconds" in capsys.readouterr().err
+
+
 def test_log_mark_seconds_must_be_a_second_or_more():
     for bad in ("0", "-5", "x", "nan"):
         result = cli("run", "--log-mark-seconds", bad)

@@ -10,9 +10,12 @@ and the annotation DRAIN_SINCE, in one patch), is deleted when drained (no runni
 request) or after DRAIN_TIMEOUT_S, and only then is spec.replicas lowered. Which pods are
 draining is read back from those annotations every round, so a restarted or standby operator
 finishes the drains another began (the reconciler puts them back if Builtin autoscaling is
-turned off). Pods that log watching is removing (out of the Service without DRAIN_SINCE) are
-left alone. Kubernetes 1.20 has no pod-deletion-cost, so the order matters: the ReplicaSet
-answers the deletion with a replacement, which is Pending and unready and so the first pod it
+turned off). Pods that remediation is removing (out of the Service without DRAIN_SINCE) are
+left alone, except fenced ones (remediation/ladder.py: recovering in place, their fence
+annotation): those stay in the view as capacity on its way back (LOADING, so `current` and the
+pods agree), and are the first to go on a scale-down, deleted at once (they serve nothing).
+Kubernetes 1.20 has no pod-deletion-cost, so the order matters: the ReplicaSet answers the
+deletion with a replacement, which is Pending and unready and so the first pod it
 removes when the replica count drops a moment later.
 
 Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
@@ -47,7 +50,7 @@ from vlm_operator.k8s.caches import ClusterCache, Stale
 from vlm_operator.k8s.kube import Kube, now_iso
 from vlm_operator.k8s.nodes import Claim, largest_free, share_gpus
 from vlm_operator.k8s.pods import is_ready, parse_time
-from vlm_operator.remediation import incidents
+from vlm_operator.remediation import incidents, ladder
 
 log = logging.getLogger(__name__)
 CLAIM_FRESH_S = 15.0  # other VLMDeployments' claims older than this are ignored
@@ -59,7 +62,7 @@ class _State:
     history: tuple[a.Point, ...] = ()
     counters: dict[str, tuple[tuple[float, float], float]] = field(default_factory=dict)
     last: tuple[int, a.ScalingReason, tuple] | None = None  # what status last said
-    starts: tuple[tuple[str, float], ...] = ()  # (pod uid, creation to Ready) seen
+    starts: starts.Starts = field(default_factory=starts.Starts)  # counted, and pods watched
     limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
     wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
 
@@ -114,6 +117,8 @@ class Autoscaler:
         name = pod["metadata"]["name"]
         created = parse_time(pod["metadata"].get("creationTimestamp")) or 0.0
         base = dict(name=name, created=created, failing=name in failing)
+        if _fenced(pod):  # recovering in place: no load to read, back once it is Ready
+            return a.PodSample(state=a.LOADING, fenced=True, **base)
         pod_state = _pod_state(pod)
         if pod_state != a.READY:
             return a.PodSample(state=pod_state, **base)
@@ -228,8 +233,9 @@ class Autoscaler:
         self._set_limited(body, state, limited)
         self._act(vlmd, samples, current, desired, pods, now, state,
                   meta.get("resourceVersion"))
-        state.starts = starts.seen_starts(state.starts, pods)
-        pending = starts.pending_replicas(pods, state.starts)
+        starting = [p for p in pods if not _fenced(p)]  # a fence is no start of a new replica
+        state.starts = starts.seen_starts(state.starts, starting)
+        pending = starts.pending_replicas(starting, state.starts.seen)
         self._record(vlmd, decision, samples, current, desired, reason, message, state, pending)
         metrics.AUTOSCALER_TICK.observe(time.monotonic() - started)
         return replace(decision, desired=desired, reason=reason, message=message)
@@ -339,10 +345,15 @@ class Autoscaler:
             self._claims.pop((namespace, name), None)
 
 
+def _fenced(pod: dict) -> bool:
+    return ladder.parse_fence(pod["metadata"].get("annotations")) is not None
+
+
 def _removed_elsewhere(pod: dict) -> bool:
-    """Out of the Service, but not by this autoscaler: log watching is removing it."""
+    """Out of the Service, but not by this autoscaler nor fenced: remediation is removing it."""
     labels = pod["metadata"].get("labels") or {}
-    return labels.get(children.IN_SERVICE_LABEL) == "false" and a.draining_since(pod) is None
+    return labels.get(children.IN_SERVICE_LABEL) == "false" and \
+        a.draining_since(pod) is None and not _fenced(pod)
 
 
 def put_out_of_service(kube: Kube, namespace: str, pod: str, since: float | None) -> None:

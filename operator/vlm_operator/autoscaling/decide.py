@@ -66,6 +66,8 @@ class PodSample:
     images_per_request: float = 0.0
     busy: float = 0.0  # running + waiting requests: what a drain waits for
     failing: bool = False  # a recent failure signature (from log watching)
+    fenced: bool = False  # out of the Service recovering in place (remediation/ladder.py's
+    # fence): LOADING, capacity on its way back, and the first to go on a scale-down
     created: float = 0.0  # creation time in seconds; newer pods go first among equals
 
 
@@ -240,11 +242,12 @@ def _ceil(x: float) -> int:
 # ---------------------------------------------------------------- graceful scale-down
 
 def victim_order(pods: list[PodSample]) -> list[PodSample]:
-    """Pods in the order they should go: failing, not bound, loading, least busy, newest.
-    Pods whose load is unknown are never picked."""
+    """Pods in the order they should go: fenced, failing, not bound, loading, least busy,
+    newest. Pods whose load is unknown are never picked."""
     rank = {PENDING: 0, LOADING: 1, READY: 2}
     return sorted((p for p in pods if p.state != UNKNOWN),
-                  key=lambda p: (not p.failing, rank[p.state], p.busy, -p.created, p.name))
+                  key=lambda p: (not p.fenced, not p.failing, rank[p.state], p.busy,
+                                 -p.created, p.name))
 
 
 class DrainPlan(NamedTuple):
@@ -256,7 +259,9 @@ class DrainPlan(NamedTuple):
 def plan_scale_down(pods: list[PodSample], desired: int, current: int,
                     draining: dict[str, float], now: float,
                     drain_timeout_s: float = DRAIN_TIMEOUT_S) -> DrainPlan:
-    """Which pods leave the Service, come back, or are deleted this round."""
+    """Which pods leave the Service, come back, or are deleted this round. A fenced pod picked
+    to go is deleted at once: it is out of the Service already and serves nothing, and is
+    never marked as draining (a drain's end would put it back into the Service)."""
     by_name = {p.name: p for p in pods}
     draining = {n: t for n, t in draining.items() if n in by_name}
     excess = max(0, current - desired)
@@ -266,10 +271,11 @@ def plan_scale_down(pods: list[PodSample], desired: int, current: int,
         draining = {n: draining[n] for n in keep}
     else:
         put_back = []
-    fresh = [p.name for p in victim_order([p for p in pods if p.name not in draining])]
-    take_out = fresh[:excess - len(draining)]
-    delete = sorted(n for n, since in draining.items() if drained(by_name[n])
-                    or now - since >= drain_timeout_s)
+    fresh = victim_order([p for p in pods if p.name not in draining])[:excess - len(draining)]
+    take_out = [p.name for p in fresh if not p.fenced]
+    delete = sorted([p.name for p in fresh if p.fenced] + [
+        n for n, since in draining.items() if drained(by_name[n])
+        or now - since >= drain_timeout_s])
     return DrainPlan(take_out, put_back, delete)
 
 

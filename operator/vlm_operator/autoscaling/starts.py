@@ -4,21 +4,54 @@ replica still starting is expected to be Ready. Pure: pods in, times out.
 On a GPU node a replica's start is minutes (an image pull on a new node, the weights, the
 compile cache, CUDA graphs), so status.autoscaling shows, for each replica not Ready yet, since
 when it starts and when it is expected to serve: the creation time plus the median of the
-last STARTS_KEPT starts seen for this VLMDeployment (creation to first Ready). Before any
-start was seen the expectation is unknown, and said so, rather than guessed. The decision
-itself needs no estimate: replicas still starting count as capacity on the way
-(autoscaling/decide.py), so load they will take never scales up again.
+last STARTS_KEPT starts seen for this VLMDeployment. Before any start was seen the expectation
+is unknown, and said so, rather than guessed. The decision itself needs no estimate: replicas
+still starting count as capacity on the way (autoscaling/decide.py), so load they will take
+never scales up again.
+
+A start is counted only where it can be dated: creation to the first Ready of the pod's first
+container. The Ready condition's lastTransitionTime is its last change, so a pod that flapped
+(a failing readiness probe) or restarted in place has a later one; a pod seen Ready the first
+time (an operator that just started, or a standby taking over) is therefore never counted. A
+pod is watched from a round where it is before its first Ready (not Ready, its vllm container
+never restarted and not started yet: the startup probe has not passed), and its start counted
+in the first round it is Ready with its container still the first.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from vlm_operator.k8s.pods import is_ready, parse_time, ready_condition, rfc3339
+from vlm_operator.k8s.pods import (
+    container_status,
+    is_ready,
+    parse_time,
+    ready_condition,
+    restart_count,
+    rfc3339,
+)
 
 STARTS_KEPT = 8
 MAX_PENDING_LISTED = 20  # status stays small with a large scale-up
+
+
+@dataclass(frozen=True)
+class Starts:
+    """seen: (pod uid, start seconds) of the last STARTS_KEPT starts counted; watching: the
+    uids of pods seen before their first Ready (bounded by the VLMDeployment's pods)."""
+
+    seen: tuple[tuple[str, float], ...] = ()
+    watching: frozenset[str] = frozenset()
+
+
+def before_first_ready(pod: Mapping) -> bool:
+    """The pod has not been Ready yet: not Ready, its first container still, and not started
+    (the startup probe has not passed; a container that started and is not Ready may be one
+    that flapped)."""
+    status = container_status(pod)
+    return not is_ready(pod) and restart_count(pod) == 0 and not status.get("started")
 
 
 def start_seconds(pod: Mapping) -> float | None:
@@ -32,17 +65,20 @@ def start_seconds(pod: Mapping) -> float | None:
     return became - created
 
 
-def seen_starts(kept: tuple[tuple[str, float], ...], pods: Iterable[Mapping]
-                ) -> tuple[tuple[str, float], ...]:
-    """(pod uid, start seconds) of the last STARTS_KEPT pods seen Ready, each once."""
-    known = {uid for uid, _ in kept}
-    new = []
+def seen_starts(kept: Starts, pods: Iterable[Mapping]) -> Starts:
+    """Starts counted this round: each pod watched since before its first Ready that is Ready
+    now with its first container, once; the pods to watch on."""
+    seen, watching = list(kept.seen), set()
     for pod in pods:
         uid = (pod.get("metadata") or {}).get("uid")
-        seconds = start_seconds(pod)
-        if uid and uid not in known and seconds is not None:
-            new.append((uid, seconds))
-    return (*kept, *new)[-STARTS_KEPT:]
+        if not uid:
+            continue
+        if before_first_ready(pod):
+            watching.add(uid)
+        elif uid in kept.watching and restart_count(pod) == 0 and \
+                (seconds := start_seconds(pod)) is not None:
+            seen.append((uid, seconds))
+    return Starts(tuple(seen[-STARTS_KEPT:]), frozenset(watching))
 
 
 def pending_replicas(pods: Iterable[Mapping], starts: tuple[tuple[str, float], ...]

@@ -5,7 +5,9 @@ once, asks, and carries the plan out. Pure: no I/O, times passed in.
 
 Guards, in the order they are checked (the first that holds wins, so a skip names one reason):
 below the threshold, the policy says Ignore, the incident is older than its window (a replayed
-or long-held line), it was already acted on (an action in flight names it), the pod is already
+or long-held line), it was already acted on (an action in flight names it), it was logged by a
+container the kubelet has restarted in place since (the line's time is before the current
+container's start: a late line, one read from the previous log), the pod is already
 going away or being acted on, /health answers 200 for an engine said to be dead (log lines are
 evidence, not proof: see logs/signatures.py), the pod's back-off after a failed attempt, the
 VLMDeployment's restart budget, and minAvailable (remediation/guards.py). When the pod still
@@ -44,6 +46,7 @@ class Reason(enum.StrEnum):
     IGNORED = "ignored"  # the policy says Ignore
     EXPIRED = "expired"  # the last detection is outside the rule's window
     ALREADY_ACTED = "already_acted"  # an action already covered this incident's last detection
+    RECOVERED_IN_PLACE = "recovered_in_place"  # logged by a container restarted since
     IN_PROGRESS = "in_progress"  # the pod is already being removed or replaced
     HEALTH_OK = "health_ok"  # engine death logged, but /health answers 200
     BACKOFF = "backoff"  # the pod backs off after a failed attempt
@@ -53,8 +56,8 @@ class Reason(enum.StrEnum):
 
 
 # Skip reasons that are guards (counted in the skipped-actions metric).
-GUARDS = (Reason.EXPIRED, Reason.ALREADY_ACTED, Reason.IN_PROGRESS, Reason.HEALTH_OK,
-          Reason.BACKOFF, Reason.BUDGET_EXHAUSTED, Reason.MIN_AVAILABLE)
+GUARDS = (Reason.EXPIRED, Reason.ALREADY_ACTED, Reason.RECOVERED_IN_PLACE, Reason.IN_PROGRESS,
+          Reason.HEALTH_OK, Reason.BACKOFF, Reason.BUDGET_EXHAUSTED, Reason.MIN_AVAILABLE)
 # Guards that hold an incident open (it is decided again later), with the reason the
 # Remediating condition gives while they do.
 HOLDING = {Reason.HEALTH_OK: "HealthCheckPassing", Reason.BACKOFF: "BackingOff",
@@ -67,10 +70,11 @@ class PlanRequest:
     """Everything the plan for one incident depends on, gathered once.
 
     history: times of this VLMDeployment's remediations; acted_until: the newest incident time
-    already acted on for this pod (persisted); backoff_until: the end of the pod's back-off;
-    health: "ok" (GET /health said 200), "failing", "unreachable" or None (not asked);
-    spare_gpus: whether one more replica fits the free GPUs (None: not known), asked only when
-    guards.needs_replacement() says so."""
+    already acted on for this pod (persisted); container_since: when the pod's newest vllm
+    container started (remediation/ladder.container_since; None: none yet); backoff_until:
+    the end of the pod's back-off; health: "ok" (GET /health said 200), "failing",
+    "unreachable" or None (not asked); spare_gpus: whether one more replica fits the free GPUs
+    (None: not known), asked only when guards.needs_replacement() says so."""
 
     incident: Incident
     rule: Rule
@@ -79,6 +83,7 @@ class PlanRequest:
     history: tuple[float, ...]
     policy: HealthPolicy
     acted_until: float | None = None
+    container_since: float | None = None
     backoff_until: float | None = None
     health: str | None = None
     spare_gpus: bool | None = None
@@ -122,6 +127,10 @@ def decide(request: PlanRequest) -> RemediationPlan:
     if r.acted_until is not None and incident.last <= r.acted_until:
         return skip(Reason.ALREADY_ACTED, f"{signature} on {pod} at {incident.last:.3f} was "
                     "already acted on")
+    if r.container_since is not None and incident.last < r.container_since:
+        return skip(Reason.RECOVERED_IN_PLACE, f"{signature} on {pod} at {incident.last:.3f} "
+                    "was logged by a container the kubelet has restarted in place since (the "
+                    f"current one started at {r.container_since:.0f})")
     views = list(r.pods)
     target = next((p for p in views if p.name == pod), None)
     if target is not None and (target.deleting or not target.in_service or target.in_flight):

@@ -19,6 +19,16 @@ request reaches it while it recovers. Then the rungs, each with a deadline:
   node is suspect (remediation/suspect.py: a GPU error in the log, or in-place recoveries that
   keep failing): a restart in place would run on the same GPU again.
 
+The kubelet's back-off (kubelet_backoff_s) is estimated as the kubelet keeps it: per container,
+initial 10 s doubling to a 5 min cap, the first restart immediate, and forgotten when a
+container ran longer than twice the cap (flowcontrol.Backoff: 10 min) before it ended. The pod's
+status shows only the last two containers (state: the current one's start; lastState.terminated:
+the previous one's start and end), so a run of restarts older than those two is not visible: where
+both ran under 10 min, the estimate assumes every earlier restart chained too (the lifetime
+restartCount: an upper bound); a pod whose current or previous container ran longer is back to
+the first steps, whatever restartCount says. A kubelet restart (which forgets every back-off) is not
+visible either.
+
 A container that restarted in place gets READY_WAIT_S (the startup probe's budget) to be Ready;
 then the fence is lifted. Everything the next step needs is in the pod's annotation and status,
 so a fresh operator process carries on where another stopped.
@@ -48,7 +58,6 @@ READY_WAIT_S = float(children.STARTUP_PERIOD_SECONDS * children.STARTUP_FAILURE_
 # A new pod's start on real hardware, cold (image, weights, compile): 110 s published for a vLLM
 # pod (facts.md). An in-place restart the kubelet delays longer than this is not the cheaper one.
 COLD_START_S = 110.0
-KUBELET_BACKOFF_BASE_S, KUBELET_BACKOFF_CAP_S = 10.0, 300.0
 KEEP_ALIVE_ENV = "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
 
 
@@ -83,6 +92,27 @@ class Fence:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class KubeletBackoff:
+    """The nodes' crash-loop back-off: initial_s doubling to max_s; forgotten after a run longer
+    than twice max_s (the kubelet's defaults; a kubelet configured otherwise, e.g. with
+    KubeletCrashLoopBackOffMax, is told with the operator's --kubelet-backoff-* flags)."""
+
+    initial_s: float = 10.0
+    max_s: float = 300.0
+
+    @property
+    def reset_after_s(self) -> float:
+        return 2 * self.max_s
+
+    def chained(self, restarts: int) -> float:
+        """The delay after `restarts` restarts that all followed short runs."""
+        return 0.0 if restarts <= 0 else min(self.max_s, self.initial_s * 2 ** (restarts - 1))
+
+
+KUBELET_BACKOFF = KubeletBackoff()
+
+
 def fence_value(fence: Fence) -> str:
     return json.dumps(asdict(fence), separators=(",", ":"), sort_keys=True)
 
@@ -113,12 +143,53 @@ def recovered_until(pod: Mapping) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def kubelet_backoff_s(restarts: int) -> float:
-    """How long the kubelet waits before the next in-place restart of a container that has
-    restarted `restarts` times (10 s doubling to 5 min; the first restart is immediate)."""
-    if restarts <= 0:
-        return 0.0
-    return min(KUBELET_BACKOFF_CAP_S, KUBELET_BACKOFF_BASE_S * 2 ** (restarts - 1))
+def _run(started: str | None, ended: float | None) -> float | None:
+    """How long a container ran (None: its start or end not known)."""
+    began = parse_time(started)
+    return ended - began if began is not None and ended is not None else None
+
+
+def kubelet_backoff_s(pod: Mapping, now: float,
+                      backoff: KubeletBackoff = KUBELET_BACKOFF) -> float:
+    """How long from now the kubelet waits before it restarts the vllm container in place: the
+    back-off it will apply when the running container ends now, or what is left of the one it
+    applies to the container that ended (waiting in CrashLoopBackOff). See the module's
+    docstring for what the status shows and what it cannot."""
+    status = container_status(pod)
+    restarts = restart_count(pod)
+    state = status.get("state") or {}
+    previous = (status.get("lastState") or {}).get("terminated") or {}
+    if "running" in state:  # it ends now; the one before it is lastState
+        ran = _run(state["running"].get("startedAt"), now)
+        ended, before = now, previous
+    else:  # it ended (state.terminated), or ended and waits (lastState); the one before: unseen
+        last = state.get("terminated") or previous
+        ended = parse_time(last.get("finishedAt"))
+        ran = _run(last.get("startedAt"), ended)
+        before = previous if "terminated" in state else {}
+        if not last:
+            return 0.0  # no container ended yet: nothing to back off from
+    if restarts <= 0 or (ran is not None and ran > backoff.reset_after_s):
+        return 0.0  # the first restart, or the kubelet forgot the back-off: immediate
+    ran_before = _run(before.get("startedAt"), parse_time(before.get("finishedAt")))
+    if ran is None:
+        delay = backoff.chained(restarts)  # when the run is unknown, assume the longest
+    elif restarts == 1 or (ran_before is not None and ran_before > backoff.reset_after_s):
+        delay = backoff.initial_s  # the back-off began again with the previous restart
+    else:
+        delay = backoff.chained(restarts)
+    return max(0.0, ended + delay - now) if ended is not None else delay
+
+
+def container_since(pod: Mapping) -> float | None:
+    """When the newest vllm container that ran started: the running (or ended) one's start, or
+    the last one's while the kubelet waits to restart it; None before any started. A line logged
+    before this came from a container the kubelet has restarted in place since."""
+    status = container_status(pod)
+    state = status.get("state") or {}
+    current = state.get("running") or state.get("terminated") or \
+        (status.get("lastState") or {}).get("terminated") or {}
+    return parse_time(current.get("startedAt"))
 
 
 def keeps_alive(pod: Mapping) -> bool:
@@ -138,19 +209,21 @@ def can_request(pod: Mapping, plugin_loaded: bool) -> bool:
                                  for v in volumes)
 
 
-def first_rung(signature: str, pod: Mapping, *, plugin_loaded: bool,
-               suspect: Suspect | None = None) -> tuple[Rung, str]:
+def first_rung(signature: str, pod: Mapping, now: float, *, plugin_loaded: bool,
+               suspect: Suspect | None = None,
+               kubelet: KubeletBackoff = KUBELET_BACKOFF) -> tuple[Rung, str]:
     """The cheapest rung that can work for this pod and signal, and why. suspect: why its node
     is suspect (remediation/suspect.py; None: it is not): a new pod at once."""
     if suspect is not None:
         return Rung.DELETE, suspect.why
-    backoff = kubelet_backoff_s(restart_count(pod))
+    backoff = kubelet_backoff_s(pod, now, kubelet)
     if backoff > COLD_START_S:
         return Rung.DELETE, (f"the kubelet would wait {backoff:.0f} s before restarting it in "
                              f"place, longer than a new pod's cold start ({COLD_START_S:.0f} s)")
     if signature == "engine_dead" and not keeps_alive(pod):
+        when = f"after its back-off (about {backoff:.0f} s)" if backoff > 0 else "at once"
         return Rung.AWAIT_EXIT, ("vLLM exits after its engine dies: the kubelet restarts the "
-                                 "container in place, caches kept")
+                                 f"container in place {when}, caches kept")
     return _after_exit(pod, plugin_loaded)
 
 
@@ -162,9 +235,11 @@ def _after_exit(pod: Mapping, plugin_loaded: bool) -> tuple[Rung, str]:
                          "it in place: a new pod")
 
 
-def deadline_for(rung: Rung, now: float) -> float:
-    return now + {Rung.AWAIT_EXIT: EXIT_WAIT_S, Rung.RESTART_REQUEST: REQUEST_WAIT_S}.get(
-        rung, 0.0)
+def deadline_for(rung: Rung, now: float, backoff_s: float = 0.0) -> float:
+    """When the rung has failed; awaiting the exit also waits out the kubelet's back-off
+    (kubelet_backoff_s) before its in-place restart."""
+    return now + {Rung.AWAIT_EXIT: EXIT_WAIT_S + backoff_s,
+                  Rung.RESTART_REQUEST: REQUEST_WAIT_S}.get(rung, 0.0)
 
 
 def climb(fence: Fence, rung: Rung, now: float, restarts: int) -> Fence:
@@ -172,7 +247,8 @@ def climb(fence: Fence, rung: Rung, now: float, restarts: int) -> Fence:
 
 
 def next_step(fence: Fence, pod: Mapping | None, now: float, *, plugin_loaded: bool,
-              suspect: Suspect | None = None) -> tuple[Next, Rung | None, str]:
+              suspect: Suspect | None = None,
+              kubelet: KubeletBackoff = KUBELET_BACKOFF) -> tuple[Next, Rung | None, str]:
     """The fenced pod's next step: (what, the rung it climbs to, why). suspect: why its node is
     suspect (None: it is not): a new pod, even after an in-place restart (the same GPU)."""
     if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -189,7 +265,7 @@ def next_step(fence: Fence, pod: Mapping | None, now: float, *, plugin_loaded: b
         if started is not None and now - started > READY_WAIT_S:
             return Next.DELETE, Rung.DELETE, (f"it restarted in place but is not Ready after "
                                               f"{READY_WAIT_S:.0f} s")
-        if kubelet_backoff_s(restart_count(pod)) > COLD_START_S and started is None:
+        if started is None and kubelet_backoff_s(pod, now, kubelet) > COLD_START_S:
             return Next.DELETE, Rung.DELETE, "the kubelet backs off past a cold start"
         return Next.WAIT, None, "restarted in place, loading"
     if now < fence.deadline:

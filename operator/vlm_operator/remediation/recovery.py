@@ -36,17 +36,19 @@ RUNG_EVENTS = {ladder.Rung.AWAIT_EXIT: "PodFenced", ladder.Rung.RESTART_REQUEST:
 class Recovery:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  engine_dead: Callable[[str], bool], plugin_loaded: Callable[[str], bool],
-                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None
-                 ) -> None:
+                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
+                 kubelet: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF) -> None:
         """`reconcile(ns, name)` publishes status; `engine_dead(uid)`: the pod's current
         container logged engine death; `plugin_loaded(uid)`: the engine plugin's startup line is
         in that container's log (it can act on a restart request); `gpu_error(uid)`: the last
-        GPU fault the pod's log showed (None: none)."""
+        GPU fault the pod's log showed (None: none); `kubelet`: the nodes' crash-loop back-off
+        (ladder.kubelet_backoff_s)."""
         self.kube = kube
         self.reconcile = reconcile
         self.engine_dead = engine_dead
         self.plugin_loaded = plugin_loaded
         self.gpu_error = gpu_error
+        self.kubelet = kubelet
 
     def restart(self, case: Case, plan: RemediationPlan) -> None:
         """A Restart decided. With spec.health.recovery InPlace, a pod that serves nothing is
@@ -73,10 +75,12 @@ class Recovery:
         namespace, name, pod, incident = case.namespace, case.name, case.pod, case.incident
         now = time.time()
         node = suspect.suspect(pod, self.gpu_error(incident.uid), now)
-        rung, why = ladder.first_rung(incident.signature, pod, suspect=node,
-                                      plugin_loaded=self.plugin_loaded(incident.uid))
+        rung, why = ladder.first_rung(incident.signature, pod, now, suspect=node,
+                                      plugin_loaded=self.plugin_loaded(incident.uid),
+                                      kubelet=self.kubelet)
         fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
-                             ladder.deadline_for(rung, now), restart_count(pod), plan.message)
+                             ladder.deadline_for(rung, now, ladder.kubelet_backoff_s(
+                                 pod, now, self.kubelet)), restart_count(pod), plan.message)
         REMEDIATIONS.labels(namespace, name, RESTART).inc()
         self._take(namespace, name, pod, incident, fence, f"{plan.message}; fenced: {why}",
                    case.body, node)
@@ -98,7 +102,8 @@ class Recovery:
         node = (suspect.suspect(pod, self.gpu_error(meta["uid"]), now)
                 if fence.rung != ladder.Rung.DELETE else None)  # told when the rung was taken
         step, rung, why = ladder.next_step(fence, pod, now, suspect=node,
-                                           plugin_loaded=self.plugin_loaded(meta["uid"]))
+                                           plugin_loaded=self.plugin_loaded(meta["uid"]),
+                                           kubelet=self.kubelet)
         if step in (ladder.Next.WAIT, ladder.Next.FORGET):
             return
         incident = Incident(uid=meta["uid"], pod=meta["name"], key="", signature=fence.signature,

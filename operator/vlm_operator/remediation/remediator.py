@@ -67,7 +67,8 @@ class Remediator:
                  leaving_nodes: Callable[[], Mapping[str, Leaving]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
-                 node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S) -> None:
+                 node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S,
+                 kubelet_backoff: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF) -> None:
         """`reconcile(ns, name)` publishes status (Reconciler.refresh, logs its own errors);
         `may_act(ns)`: whether this replica acts (k8s/peering.py; None: it runs alone);
         `replica_fits(vlmd, pending)`: one more replica fits the free GPUs after `pending`
@@ -75,8 +76,8 @@ class Remediator:
         `engine_dead(uid)`: the pod's log showed engine death in its current container;
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
         (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
-        `leaving_nodes()`: node name -> why it is leaving and whether it shows a drain (raises
-        Stale when unknown; None: node drains are not looked for)."""
+        `leaving_nodes()`: node name -> why it leaves, and whether a drain (raises Stale when
+        unknown; None: not looked for); `kubelet_backoff`: the nodes' crash-loop back-off."""
         self.kube = kube
         self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)
@@ -92,8 +93,8 @@ class Remediator:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="reconsider")
         self.in_flight = InFlightDriver(self)
-        self.recovery = Recovery(kube, reconcile, engine_dead=engine_dead,
-                                 plugin_loaded=plugin_loaded, gpu_error=gpu_error)
+        self.recovery = Recovery(kube, reconcile, engine_dead=engine_dead, gpu_error=gpu_error,
+                                 plugin_loaded=plugin_loaded, kubelet=kubelet_backoff)
 
     def start(self) -> Remediator:
         self._thread.start()
@@ -272,6 +273,7 @@ class Remediator:
             policy=policy, acted_until=max(
                 (t for t in (acted_until(incident.uid, body["metadata"].get("annotations")),
                              ladder.recovered_until(pod)) if t is not None), default=None),
+            container_since=ladder.container_since(pod),
             backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
             health=health, spare_gpus=spare)
 

@@ -6,12 +6,13 @@ import json
 
 import pytest
 
+from vlm_operator.api.names import FENCE
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
 from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.engine.reader import Scrape
 from vlm_operator.k8s import nodes as gpu_budget
-from vlm_operator.remediation import incidents
+from vlm_operator.remediation import incidents, ladder
 from vlm_operator.remediation.incidents import REPLACE
 
 
@@ -162,6 +163,8 @@ def test_status_says_when_each_replica_still_starting_should_serve():
     done["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:01:50Z"  # 110 s
     starting = pod("b", ready=False, started=False)
     starting["metadata"]["creationTimestamp"] = "2026-01-01T00:10:00Z"
+    scaler.tick(kube.body, [pod("a", ready=False, started=False), starting], {})  # a starts
+    kube.statuses.clear()
     scaler.tick(kube.body, [done, starting], {"a": IDLE})
     (status,) = kube.statuses
     assert status["autoscaling"]["pendingReplicas"] == [{
@@ -169,3 +172,53 @@ def test_status_says_when_each_replica_still_starting_should_serve():
         "expected": "median start 110 s of the last 1 seen"}]
     scaler.tick(kube.body, [done, starting], {"a": IDLE})  # nothing new: not written again
     assert len(kube.statuses) == 1
+
+
+def fenced(name):
+    """A pod remediation fenced (InPlace recovery): out of the Service, its engine restarting."""
+    p = pod(name, ready=False)
+    p["metadata"]["labels"]["serving.vlm-operator.dev/in-service"] = "false"
+    p["metadata"]["annotations"][FENCE] = ladder.fence_value(ladder.Fence(
+        "engine_dead", 990.0, 991.0, "await-exit", 1021.0, 0, "engine died"))
+    return p
+
+
+def test_a_fenced_pod_is_capacity_and_goes_first_never_the_only_healthy_one():
+    """2 replicas, one fenced and recovering in place, load low, minReplicas 1: the fenced pod
+    is the one removed (at once: it serves nothing), never the healthy one drained."""
+    kube = Kube(vlmd(2, "1"))
+    clock = iter(range(1000, 1010))
+    scaler = Autoscaler(kube, clock=lambda: float(next(clock)), budget=GpuBudget(Cluster()))
+    pods = [pod("a"), fenced("b")]
+    for _ in range(3):
+        scaler.tick(kube.body, pods, {"a": IDLE})
+    assert ("mark", "a") not in kube.calls and ("delete", "a") not in kube.calls
+    assert kube.calls[:2] == [("delete", "b"), ("scale", 1)]
+    assert ("mark", "b") not in kube.calls  # never marked draining: nothing puts it back
+
+
+def test_a_fenced_pod_counts_as_capacity_on_its_way_back():
+    """Load for 2 on 2 replicas, one fenced: no scale-up for its missing capacity, no
+    scale-down either."""
+    kube = Kube(vlmd(2, "1"))
+    clock = iter(range(1000, 1010))
+    scaler = Autoscaler(kube, clock=lambda: float(next(clock)), budget=GpuBudget(Cluster()))
+    busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 8.0})
+    for _ in range(3):  # 8 waiting at target 5: 1.6 replicas, within target for 2
+        decision = scaler.tick(kube.body, [pod("a"), fenced("b")], {"a": busy})
+    assert decision.desired == 2
+    assert not [c for c in kube.calls if c[0] in ("delete", "scale", "mark")], kube.calls
+
+
+def test_a_fresh_autoscaler_never_takes_a_pods_age_for_its_start():
+    """After an operator restart, a pod Ready since a flap 3 days after its creation is no
+    3-day start: the replica still starting has no expectation rather than one 3 days away."""
+    kube = Kube(vlmd(2, "1"))
+    scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
+    flapped = pod("a")
+    flapped["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-04T00:00:00Z"
+    starting = pod("b", ready=False, started=False)
+    starting["metadata"]["creationTimestamp"] = "2026-01-05T00:00:00Z"
+    scaler.tick(kube.body, [flapped, starting], {"a": IDLE})
+    (entry,) = kube.statuses[-1]["autoscaling"]["pendingReplicas"]
+    assert "expectedReadyTime" not in entry and entry["expected"].startswith("unknown")

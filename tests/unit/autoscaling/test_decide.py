@@ -377,6 +377,15 @@ def test_plan_scale_down_drains_then_deletes():
     assert a.plan_scale_down(ps, 2, 3, {"b": 0}, a.DRAIN_TIMEOUT_S).delete == ["b"]
 
 
+def test_a_fenced_pod_goes_first_and_at_once_without_a_drain():
+    ps = [a.PodSample("idle", busy=0), a.PodSample("fenced", state=a.LOADING, fenced=True,
+                                                   failing=False),
+          a.PodSample("failing", busy=9, failing=True)]
+    assert next(p.name for p in a.victim_order(ps)) == "fenced"
+    assert a.plan_scale_down(ps, 2, 3, {}, 0) == a.DrainPlan([], [], ["fenced"])
+    assert a.plan_scale_down(ps, 1, 3, {}, 0) == a.DrainPlan(["failing"], [], ["fenced"])
+
+
 def test_unknown_load_is_not_zero():
     """Defect: a failed scrape counted as a loading pod with no load: ranked first as a scale-
     down victim, its load 0, and deleted at once while draining."""

@@ -32,6 +32,9 @@ def test_threshold(count, threshold, reason):
     ({}, pods("r", "r"), (), "act"),
     ({"acted_until": NOW}, pods("r", "r"), (), "already_acted"),
     ({"acted_until": NOW - 1}, pods("r", "r"), (), "act"),
+    # logged before the current container started: the kubelet restarted it since
+    ({"container_since": NOW + 1}, pods("r", "r"), (), "recovered_in_place"),
+    ({"container_since": NOW}, pods("r", "r"), (), "act"),
     ({}, pods("rd", "r"), (), "in_progress"),
     ({}, pods("ro", "r"), (), "in_progress"),
     ({}, pods("rf", "r"), (), "in_progress"),  # being replaced or drained already

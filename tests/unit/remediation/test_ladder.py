@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from vlm_operator.api.names import ACTED_UNTIL, FENCE, RECOVERED_IN_PLACE
 from vlm_operator.desired import children
-from vlm_operator.k8s.pods import parse_time
+from vlm_operator.k8s.pods import parse_time, rfc3339
 from vlm_operator.remediation import ladder, suspect
 from vlm_operator.remediation.ladder import Fence, Next, Rung
 from vlm_operator.remediation.suspect import GpuError
@@ -46,26 +46,84 @@ def fence(rung=Rung.AWAIT_EXIT, deadline=T + 30, restarts=0) -> Fence:
 
 
 def test_an_engine_death_that_exits_waits_for_the_kubelet_in_place():
-    rung, why = ladder.first_rung("engine_dead", pod(), plugin_loaded=True)
+    rung, why = ladder.first_rung("engine_dead", pod(), T, plugin_loaded=True)
     assert rung == Rung.AWAIT_EXIT and "in place" in why
 
 
 def test_a_process_that_stays_up_is_asked_to_exit_where_the_plugin_runs():
     for signature, p in (("engine_dead", pod(env=KEEP_ALIVE)), ("engine_stalled", pod()),
                          ("api_unresponsive", pod())):
-        assert ladder.first_rung(signature, p, plugin_loaded=True)[0] == Rung.RESTART_REQUEST
+        assert ladder.first_rung(signature, p, T, plugin_loaded=True)[0] == Rung.RESTART_REQUEST
         # without the plugin, or without the projected request, nothing restarts it in place
-        assert ladder.first_rung(signature, p, plugin_loaded=False)[0] == Rung.DELETE
-    assert ladder.first_rung("engine_stalled", pod(control=False),
+        assert ladder.first_rung(signature, p, T, plugin_loaded=False)[0] == Rung.DELETE
+    assert ladder.first_rung("engine_stalled", pod(control=False), T,
                              plugin_loaded=True)[0] == Rung.DELETE
 
 
 def test_a_kubelet_back_off_past_a_cold_start_makes_a_new_pod_cheaper():
-    assert [ladder.kubelet_backoff_s(n) for n in range(7)] == [0, 10, 20, 40, 80, 160, 300]
-    assert ladder.first_rung("engine_dead", pod(restarts=4), plugin_loaded=True)[0] == \
+    # runs not known (no start times): every restart assumed chained, the longest back-off
+    assert [ladder.kubelet_backoff_s(pod(restarts=n), T) for n in range(7)] == [
+        0, 10, 20, 40, 80, 160, 300]
+    assert ladder.first_rung("engine_dead", pod(restarts=4), T, plugin_loaded=True)[0] == \
         Rung.AWAIT_EXIT  # 80 s: still cheaper than 110 s cold
-    rung, why = ladder.first_rung("engine_dead", pod(restarts=5), plugin_loaded=True)
+    rung, why = ladder.first_rung("engine_dead", pod(restarts=5), T, plugin_loaded=True)
     assert rung == Rung.DELETE and "160 s" in why
+
+
+def at(t: float) -> str:
+    return rfc3339(t)
+
+
+def history(*, restarts, started, prev=None, waiting=False) -> dict:
+    """A pod whose current container started at `started` (or, waiting: ended then) and whose
+    previous one ran over `prev` = (start, end)."""
+    p = pod(restarts=restarts, ready=not waiting)
+    cs = p["status"]["containerStatuses"][0]
+    cs["state"] = {"waiting": {"reason": "CrashLoopBackOff"}} if waiting else {
+        "running": {"startedAt": at(started)}}
+    if prev:
+        cs["lastState"] = {"terminated": {"startedAt": at(prev[0]), "finishedAt": at(prev[1])}}
+    return p
+
+
+def test_the_back_off_is_estimated_from_recent_restarts_as_the_kubelet_keeps_it():
+    day = 86400
+    # 5 restarts weeks ago, running for days: the kubelet forgot the back-off (run > 10 min)
+    old = history(restarts=5, started=T - 3 * day, prev=(T - 20 * day, T - 3 * day))
+    assert ladder.kubelet_backoff_s(old, T) == 0
+    rung, why = ladder.first_rung("engine_dead", old, T, plugin_loaded=True)
+    assert rung == Rung.AWAIT_EXIT and "in place at once" in why
+    # a short run now after a long one: the back-off began again at the last restart
+    again = history(restarts=5, started=T - 60, prev=(T - 2 * day, T - 61))
+    assert ladder.kubelet_backoff_s(again, T) == 10
+    rung, why = ladder.first_rung("engine_dead", again, T, plugin_loaded=True)
+    assert rung == Rung.AWAIT_EXIT and "after its back-off (about 10 s)" in why
+    # awaiting the exit waits out that back-off too
+    assert ladder.deadline_for(Rung.AWAIT_EXIT, T, 10) == T + ladder.EXIT_WAIT_S + 10
+    assert ladder.kubelet_backoff_s(history(restarts=1, started=T - 60,
+                                            prev=(T - 70, T - 61)), T) == 10
+    # the last two ran briefly: earlier restarts are not visible, the lifetime count bounds it
+    recent = history(restarts=5, started=T - 60, prev=(T - 300, T - 200))
+    assert ladder.kubelet_backoff_s(recent, T) == 160
+    assert ladder.first_rung("engine_dead", recent, T, plugin_loaded=True)[0] == Rung.DELETE
+    # ended and waiting: what is left of the back-off counted from its end
+    assert ladder.kubelet_backoff_s(history(restarts=1, started=0, prev=(T - 30, T - 4),
+                                            waiting=True), T) == 6
+    assert ladder.kubelet_backoff_s(history(restarts=4, started=0, prev=(T - 2 * day, T - 5),
+                                            waiting=True), T) == 0
+    # the kubelet's back-off as configured on the nodes (KubeletCrashLoopBackOffMax)
+    short = ladder.KubeletBackoff(initial_s=1, max_s=5)
+    assert ladder.kubelet_backoff_s(history(restarts=5, started=T - 11, prev=(T - 20, T - 12)),
+                                    T, short) == 0
+    assert ladder.kubelet_backoff_s(history(restarts=5, started=T - 3, prev=(T - 9, T - 4)),
+                                    T, short) == 5
+
+
+def test_the_newest_container_is_dated_by_its_start_running_or_waiting():
+    assert ladder.container_since(pod()) is None
+    assert ladder.container_since(history(restarts=1, started=T - 6)) == T - 6
+    assert ladder.container_since(history(restarts=2, started=0, prev=(T - 30, T - 4),
+                                          waiting=True)) == T - 30
 
 
 def test_a_fence_waits_for_its_deadline_then_climbs():
@@ -157,7 +215,7 @@ def recovered(*times: float) -> dict:
 def test_a_gpu_error_makes_the_first_rung_a_new_pod_naming_the_node_and_the_error():
     node = suspect.suspect(pod(), GpuError(T - 2, ILLEGAL), T)
     for signature in ("engine_dead", "gpu_error", "engine_stalled"):
-        rung, why = ladder.first_rung(signature, pod(), plugin_loaded=True, suspect=node)
+        rung, why = ladder.first_rung(signature, pod(), T, plugin_loaded=True, suspect=node)
         assert rung == Rung.DELETE
         assert why == (f"GPU error on node gpu-7: {ILLEGAL}; a new pod, not an in-place "
                        "restart on the same GPU")
@@ -178,11 +236,11 @@ def test_a_gpu_error_found_while_fenced_replaces_the_pod_even_after_its_in_place
 def test_after_two_in_place_recoveries_within_an_hour_the_next_is_a_new_pod():
     once = pod(annotations=recovered(T - 600))
     assert suspect.suspect(once, None, T) is None
-    assert ladder.first_rung("engine_dead", once, plugin_loaded=True,
+    assert ladder.first_rung("engine_dead", once, T, plugin_loaded=True,
                              suspect=suspect.suspect(once, None, T))[0] == Rung.AWAIT_EXIT
     twice = pod(annotations=recovered(T - 3000, T - 600))
     node = suspect.suspect(twice, None, T)
-    rung, why = ladder.first_rung("engine_dead", twice, plugin_loaded=True, suspect=node)
+    rung, why = ladder.first_rung("engine_dead", twice, T, plugin_loaded=True, suspect=node)
     assert rung == Rung.DELETE and node.node == "gpu-7"
     assert "already recovered in place 2 times on node gpu-7" in why
     # one of them more than an hour ago: it does not count

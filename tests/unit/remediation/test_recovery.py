@@ -16,6 +16,7 @@ from vlm_operator.api.names import (
     RESTART_REQUEST,
 )
 from vlm_operator.engine import reader
+from vlm_operator.k8s.pods import rfc3339
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import HISTORY, Incident, parse_history
 from vlm_operator.remediation.remediator import Remediator
@@ -173,6 +174,58 @@ def test_the_default_recovers_in_place_and_new_pod_deletes(spec, acts):
     kube.add_pod(NS, "a", owner="vl")
     remediator(kube).incident(NS, "vl", death())
     assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == acts
+
+
+def in_place_restart_after(pod: dict, t: float, *, ready: bool) -> None:
+    """The kubelet restarted the vllm container in place at t (the previous one ran 60 s)."""
+    cs = pod["status"]["containerStatuses"][0]
+    cs["restartCount"] += 1
+    cs["state"] = {"running": {"startedAt": rfc3339(t)}}
+    cs["lastState"] = {"terminated": {"startedAt": rfc3339(t - 60), "finishedAt": rfc3339(t)}}
+    cs["ready"] = ready
+    pod["status"]["conditions"][0]["status"] = "True" if ready else "False"
+
+
+@pytest.mark.parametrize("spec", [IN_PLACE, {}])
+def test_a_late_engine_death_line_from_the_previous_container_does_nothing(spec):
+    """The line was logged at t; the kubelet restarted the container in place 6 s later, and
+    the line is only now decided on (read late, an API back-off): the fresh container is
+    neither fenced nor deleted (InPlace), nor its pod deleted (NewPod), nor the budget spent."""
+    kube = FakeKube()
+    kube.add_vlmd(NS, "vl", replicas=1, **spec)
+    pod = kube.add_pod(NS, "a", owner="vl")
+    now = time.time()
+    logged = now - 12
+    in_place_restart_after(pod, logged + 6, ready=False)
+    rem = remediator(kube)
+    rem.incident(NS, "vl", Incident("uid-a", "a", "engineDead", "engine_dead", logged,
+                                    logged, 1))
+    assert not [c for c in kube.calls if c[0] in ("patch_pod", "delete", "post_event")]
+    assert FENCE not in pod["metadata"].get("annotations", {})
+    assert HISTORY not in kube.vlmds[(NS, "vl")]["metadata"].get("annotations", {})
+    assert not rem.owner(NS, "vl").open
+    # a death the current container logs is acted on as ever
+    rem.incident(NS, "vl", Incident("uid-a", "a", "engineDead", "engine_dead", now, now, 1))
+    owner = rem.owner(NS, "vl")
+    rem._decide(NS, "vl", owner, list(owner.open))  # decided at once, not RECONSIDER_S later
+    assert [c for c in kube.calls if c[0] in ("patch_pod", "delete")]
+
+
+def test_a_pod_with_old_restarts_is_still_recovered_in_place():
+    """5 restarts long ago; the container has run for days: the kubelet forgot its back-off
+    and restarts it at once, so the first rung is in place, not a new pod."""
+    kube, pod = setup()
+    now = time.time()
+    cs = pod["status"]["containerStatuses"][0]
+    cs["restartCount"] = 5
+    cs["state"] = {"running": {"startedAt": rfc3339(now - 3 * 86400)}}
+    cs["lastState"] = {"terminated": {"startedAt": rfc3339(now - 3 * 86400 - 30),
+                                      "finishedAt": rfc3339(now - 3 * 86400 - 1)}}
+    rem = remediator(kube)
+    rem.incident(NS, "vl", death())
+    fence = ladder.parse_fence(pod["metadata"]["annotations"])
+    assert fence.rung == "await-exit" and fence.deadline - fence.at == ladder.EXIT_WAIT_S
+    assert not deletions(kube)
 
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered"

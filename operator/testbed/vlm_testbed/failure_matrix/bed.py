@@ -158,7 +158,8 @@ class Bed:
     # -- the node and operator side
     def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n",
               **options: Any) -> NodeSimulator:
-        """Simulated GPU nodes; options: NodeSimulator arguments for these nodes only."""
+        """Simulated GPU nodes; `options`: more NodeSimulator arguments for these nodes only (a
+        row's own kubelet back-off)."""
         sim = NodeSimulator(self.kubeconfig, nodes=nodes, gpus_per_node=gpus_per_node,
                             **{"backoff_base": 1.0, **self.node_options, **options},
                             name_prefix=f"sim-{self.ns}-{tag}")

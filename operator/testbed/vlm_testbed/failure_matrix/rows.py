@@ -30,6 +30,7 @@ from .operator_faults import (
     standby_takes_over,
     two_at_once,
 )
+from .recovery_faults import fenced_under_scale_down, late_engine_death_line, old_restarts
 from .stalls import hung_behind_api_key, long_prefill_only_replica
 
 if TYPE_CHECKING:
@@ -124,4 +125,13 @@ ROWS = [
         must_not="no restart; the prompt completes"),
     Row("hung-engine-api-key", "hung engine behind an API key (VLLM_API_KEY from a Secret)",
         hung_behind_api_key),
+    Row("fenced-under-builtin-scaledown", "a fenced pod (InPlace) under a Builtin "
+        "scale-down: 2 replicas to 1, no load", fenced_under_scale_down, probes=False,
+        must_not="the healthy pod is never drained nor deleted; the fenced one goes"),
+    Row("late-engine-death-line", "an engine-death line read after the kubelet restarted "
+        "the container in place (the operator paused)", late_engine_death_line, probes=False,
+        own_operator=True, must_not="the restarted container is not touched, no restart "
+        "counted"),
+    Row("old-restarts-in-place", "engine death on a pod with 5 restarts the kubelet's "
+        "back-off forgot (InPlace)", old_restarts, probes=False, own_operator=True),
 ]
