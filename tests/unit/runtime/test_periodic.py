@@ -199,3 +199,30 @@ def test_one_namespaces_slow_rounds_leave_workers_to_the_others():
     finally:
         release.set()
         p.stop()
+
+
+def test_a_resync_that_raises_does_not_stop_the_others():
+    """A VLMDeployment whose reconcile raises (a nested annotation raised RecursionError out
+    of handlers.reconcile) must not keep the resync from the VLMDeployments after it: each is
+    isolated, logged and counted."""
+    from vlm_operator.metrics import RECONCILES
+
+    resynced, lock = [], threading.Lock()
+
+    def resync(ns, name):
+        with lock:
+            resynced.append(name)
+        if name == "attacker":
+            raise RecursionError("maximum recursion depth exceeded")
+
+    errors = RECONCILES.labels(result="error")._value.get()
+    p = Periodic(tick=lambda b: None, resync=resync, forget=lambda ns, name: None,
+                 round_s=60, resync_s=0.05,
+                 sweep=lambda tracked: (_ for _ in ()).throw(RuntimeError("sweep"))).start()
+    try:
+        for name in ("a", "attacker", "c", "d"):
+            p.track(body(name, ns=name))
+        wait_until(lambda: all(resynced.count(n) >= 2 for n in ("a", "attacker", "c", "d")))
+        assert RECONCILES.labels(result="error")._value.get() >= errors + 2
+    finally:
+        p.stop()
