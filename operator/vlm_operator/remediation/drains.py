@@ -160,5 +160,5 @@ def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list
             "come, then it is drained and deleted so the drain can finish")
     (log.warning if kind == "Warning" else log.info)("%s/%s: %s", namespace, name, text)
     events.post(rem.kube, namespace, name, pod, Event(kind, reason, text), body)
-    rem.in_flight.drive(namespace, name, meta["uid"])
+    rem.in_flight.drive(namespace, name)
     rem.reconcile(namespace, name)
