@@ -1,20 +1,22 @@
 """JSON read back from annotation text. Whoever may edit an object can write its annotations
 (a tenant its VLMDeployment and its pods), so the text is hostile: its length is checked
-first, its nesting counted by one linear scan before the parser sees it (Python's parser
-recurses once per level: 200 KB of `[` raise RecursionError), and every exception the parser
-can raise stays here. A bad value is UNREADABLE, never an exception and never mistaken for an
-absent annotation: the caller decides what unknown means for it. Pure."""
+before anything else; the C parser (linear in the text) recurses once per level and stops
+with RecursionError at the interpreter's limit (200 KB of `[` raise it at once), which stays
+here with every other exception it can raise; and a value nesting deeper than MAX_DEPTH is
+refused, checked without recursion, so no caller recurses over what a tenant chose. A bad
+value is UNREADABLE, never an exception and never mistaken for an absent annotation: the
+caller decides what unknown means for it. Pure."""
 
 from __future__ import annotations
 
 import json
-import re
 
 # the apiserver's limit on all of an object's annotations together: no one value is longer
 MAX_CHARS = 262_144
 MAX_DEPTH = 8  # the operator's own values nest 3 deep at most (in-flight: {uid: {before: []}})
 
-_SPECIAL = re.compile(r'[\\"\[\]{}]')
+
+_CONTAINERS = frozenset((dict, list))  # what json.loads makes that nests
 
 
 class _Unreadable:
@@ -29,31 +31,22 @@ class _Unreadable:
 UNREADABLE = _Unreadable()
 
 
-def nesting(text: str, limit: int) -> int:
-    """How deep arrays and objects nest in `text` outside strings; the scan stops as soon as
-    it passes `limit` (so the answer is then limit + 1). Linear in len(text)."""
-    depth = deepest = 0
-    in_string, skip = False, -1
-    for match in _SPECIAL.finditer(text):
-        at, char = match.start(), match.group()
-        if at == skip:  # the character after a backslash in a string
-            continue
-        if in_string:
-            if char == "\\":
-                skip = at + 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest
-        elif char in "]}":
-            depth -= 1
-    return deepest
+def too_deep(value: object, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep in a parsed value: level by
+    level, without recursion on what a tenant chose, empty ones not looked into."""
+    if value.__class__ not in _CONTAINERS:
+        return False
+    level, depth = [value], 1
+    while level:
+        deeper: list = []
+        for node in level:
+            found = [c for c in (node.values() if node.__class__ is dict else node)
+                     if c.__class__ in _CONTAINERS]
+            if found and depth >= limit:
+                return True
+            deeper += filter(None, found)
+        level, depth = deeper, depth + 1
+    return False
 
 
 def read(raw: object, *, max_chars: int = MAX_CHARS, max_depth: int = MAX_DEPTH) -> object:
@@ -64,10 +57,10 @@ def read(raw: object, *, max_chars: int = MAX_CHARS, max_depth: int = MAX_DEPTH)
         return None
     if not isinstance(raw, str) or len(raw) > max_chars:
         return UNREADABLE
-    try:
-        if (raw.count("[") + raw.count("{") > max_depth
-                and nesting(raw, max_depth) > max_depth):
-            return UNREADABLE
-        return json.loads(raw)
+    try:  # the C parser: linear, and its recursion ends at the interpreter's limit
+        value = json.loads(raw)
     except Exception:  # ValueError, RecursionError, MemoryError: all the same to a caller
         return UNREADABLE
+    if raw.count("[") + raw.count("{") > max_depth and too_deep(value, max_depth):
+        return UNREADABLE
+    return value

@@ -14,6 +14,7 @@ operator process.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import threading
@@ -184,16 +185,25 @@ def read_in_flight(annotations: Mapping[str, str] | None) -> InFlightRead:
     """The IN_FLIGHT annotation by pod uid (bounded: annotation_json). Entries that cannot be
     read are dropped, and so is every record past the first MAX_IN_FLIGHT in uid order: the
     operator never has that many actions open on one VLMDeployment, so more are forged."""
-    data = annotation_json.read((annotations or {}).get(IN_FLIGHT))
+    raw = (annotations or {}).get(IN_FLIGHT)
+    records, unreadable, dropped = (_read_text(raw) if isinstance(raw, str) or raw is None
+                                    else ((), True, 0))
+    return InFlightRead(dict(records), unreadable, dropped)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_text(raw: str | None) -> tuple[tuple[tuple[str, InFlight], ...], bool, int]:
+    """read_in_flight of one annotation text, kept for the next read of the same text: each
+    round reads it several times (whether a round is due, the remediator's round, node
+    drains, the autoscaler), and a forged one may be 256 KiB. 32 texts are kept (8 MiB of
+    text at most, and the records read from it)."""
+    data = annotation_json.read(raw)
     if data is annotation_json.UNREADABLE or (data is not None and not isinstance(data, dict)):
-        return InFlightRead({}, unreadable=True)
+        return (), True, 0
     entries = sorted((data or {}).items())
-    out = {}
-    for uid, entry in entries[:MAX_IN_FLIGHT]:
-        record = _record(uid, entry)
-        if record is not None:
-            out[uid] = record
-    return InFlightRead(out, dropped=len(entries) - len(out))
+    out = tuple((uid, record) for uid, entry in entries[:MAX_IN_FLIGHT]
+                if (record := _record(uid, entry)) is not None)
+    return out, False, len(entries) - len(out)
 
 
 def _record(uid: str, entry: object) -> InFlight | None:

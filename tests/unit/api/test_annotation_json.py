@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vlm_operator.api.annotation_json import MAX_CHARS, MAX_DEPTH, UNREADABLE, nesting, read
+from vlm_operator.api.annotation_json import MAX_CHARS, MAX_DEPTH, UNREADABLE, read, too_deep
 
 
 def test_the_operator_s_own_values_read_back():
@@ -34,7 +34,7 @@ def test_bad_text_is_unreadable_never_an_exception(raw):
 
 def test_brackets_inside_strings_are_not_nesting():
     raw = json.dumps({"reason": "[" * 10_000 + "\\\"{" * 100})
-    assert nesting(raw, MAX_DEPTH) == 1
+    assert not too_deep(json.loads(raw), 1)
     assert read(raw) == json.loads(raw)
     assert read("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not UNREADABLE
 
@@ -47,3 +47,10 @@ def test_a_lower_length_cap_applies():
 def test_any_text_reads_without_raising(raw):
     read(raw)
     read("[" * 50 + raw)
+
+
+def test_depth_is_counted_exactly_and_empty_containers_count():
+    assert not too_deep([[[]]], 3) and too_deep([[[[]]]], 3)
+    assert not too_deep({"a": {"b": [1]}}, 3) and too_deep({"a": {"b": [{}]}}, 3)
+    assert too_deep([[], [], [[[[]]]]], 4) and not too_deep([[], [[[]]]], 4)
+    assert not too_deep("[[[[[[", 1) and not too_deep(None, 0)
