@@ -234,4 +234,4 @@ class Periodic:
         else:
             keys = {tuple(loop[len(ROUND_PREFIX):].split("/", 1)) for loop in loops} & tracked
         for namespace, name in sorted(keys):
-            self._publish.submit(self._resync, namespace, name)
+            self._publish.submit(self._resync_one, namespace, name)

@@ -226,3 +226,19 @@ def test_a_resync_that_raises_does_not_stop_the_others():
         assert RECONCILES.labels(result="error")._value.get() >= errors + 2
     finally:
         p.stop()
+
+
+def test_a_reconcile_the_watchdog_asks_for_that_raises_is_logged(caplog):
+    """The watchdog's reconciles (OperatorStalled) run in a pool: what one raises would
+    otherwise vanish in its future, unlogged and uncounted."""
+    def resync(ns, name):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    p = Periodic(tick=lambda b: None, resync=resync, forget=lambda ns, name: None,
+                 round_s=60, resync_s=60)
+    try:
+        p.track(body("attacker"))
+        p._publish_conditions(["rounds"])
+        wait_until(lambda: "resync of team/attacker failed" in caplog.text)
+    finally:
+        p.stop()
