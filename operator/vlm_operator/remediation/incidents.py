@@ -207,6 +207,8 @@ def _read_text(raw: str | None) -> tuple[tuple[tuple[str, InFlight], ...], bool,
 
 
 def _record(uid: str, entry: object) -> InFlight | None:
+    """One entry as a record, or None: a missing or mistyped field, an action the operator
+    does not record, a time that is not finite."""
     try:
         drain_since, node_since = entry.get("drain_since"), entry.get("node_since")
         before = entry.get("before") or ()
@@ -224,7 +226,11 @@ def _record(uid: str, entry: object) -> InFlight | None:
             None if node_since is None else float(node_since))
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
-    return record if record.action in (REPLACE, SCALE_DOWN) else None
+    times = (record.incident, record.since, record.drain_since, record.node_since)
+    if record.action not in (REPLACE, SCALE_DOWN) or not all(
+            t is None or math.isfinite(t) for t in times):
+        return None
+    return record
 
 
 def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight]:

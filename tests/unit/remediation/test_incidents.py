@@ -212,5 +212,10 @@ def test_forged_in_flight_records_are_capped():
     assert not read.unreadable
     assert list(read.records) == sorted(forged)[:MAX_IN_FLIGHT]
     assert read_in_flight({IN_FLIGHT: json.dumps([1])}).unreadable
+    odd = {"u": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": "NaN", "replicas": 1},
+           "v": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1e999},
+           "w": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1,
+                 "before": "abc"}}
+    assert read_in_flight({IN_FLIGHT: json.dumps(odd)}) == InFlightRead({}, dropped=3)
     fine = read_in_flight({IN_FLIGHT: in_flight_value({"u1": rec()})})
     assert fine == InFlightRead({"u1": rec()})
