@@ -226,6 +226,8 @@ def test_a_resync_that_raises_does_not_stop_the_others():
         assert RECONCILES.labels(result="error")._value.get() >= errors + 2
     finally:
         p.stop()
+        for thread in p._threads:  # no resync of it still counting into the next test
+            thread.join(10)
 
 
 def test_a_reconcile_the_watchdog_asks_for_that_raises_is_logged(caplog):
