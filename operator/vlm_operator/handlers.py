@@ -30,7 +30,9 @@ def _owner_mine(memo: kopf.Memo, body: kopf.Body, namespace: str, **_) -> bool:
 
 
 def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
-    """One reconcile; API errors become kopf retries (`retry`) or a log line, never a crash."""
+    """One reconcile; API errors become kopf retries (`retry`) or a log line, never a crash;
+    any other exception is logged and counted, and never escapes into the caller's loop over
+    VLMDeployments (runtime/periodic.py's resync)."""
     try:
         memo.reconciler.reconcile(namespace, name)
     except ApiException as exc:
@@ -42,6 +44,11 @@ def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> Non
         log.warning("reconcile of %s/%s failed: %s %s", namespace, name, exc.status, exc.reason)
         if retry:
             raise kopf.PermanentError(f"API error {exc.status}: {exc.reason}") from exc
+    except Exception as exc:  # a resource no reconcile can read: the same again on a retry
+        RECONCILES.labels(result="error").inc()
+        log.exception("reconcile of %s/%s failed", namespace, name)
+        if retry:
+            raise kopf.PermanentError(f"reconcile failed: {type(exc).__name__}") from exc
     else:
         RECONCILES.labels(result="ok").inc()
 

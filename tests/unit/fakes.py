@@ -35,7 +35,8 @@ class FakeKube:
         # replicas a VLMDeployment's Deployment status counts, where a test sets it; else its
         # active pods (the kube-controller-manager keeping up)
         self.counted: dict[tuple[str, str], int] = {}
-        # uids of pods labelled like ours whose owner chain does not lead to a VLMDeployment
+        # uids of pods labelled like ours whose owner chain does not lead to the operator:
+        # list_pods leaves them out, as Kube.list_pods does (owned_pods)
         self.foreign: set[str] = set()
         self._versions = itertools.count(1)
 
@@ -51,7 +52,7 @@ class FakeKube:
         return body
 
     def add_pod(self, namespace: str, name: str, *, owner: str, uid: str | None = None,
-                ready: bool = True, node: str | None = None) -> dict:
+                ready: bool = True, node: str | None = None, owned: bool = True) -> dict:
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
                             "labels": children.get_labels(owner),
@@ -63,6 +64,8 @@ class FakeKube:
                    "containerStatuses": [{"name": children.CONTAINER, "ready": ready,
                                           "restartCount": 0, "state": {"running": {}}}]}}
         self.pods.setdefault(namespace, []).append(pod)
+        if not owned:
+            self.foreign.add(pod["metadata"]["uid"])
         return pod
 
     def writes(self) -> list[tuple]:
@@ -83,7 +86,8 @@ class FakeKube:
             return None
         active = sum(1 for p in self.pods.get(namespace, [])
                      if p["metadata"]["labels"].get(names.INSTANCE_LABEL) == name
-                     and not p["metadata"].get("deletionTimestamp"))
+                     and not p["metadata"].get("deletionTimestamp")
+                     and p["metadata"]["uid"] not in self.foreign)
         return {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace, "generation": 2,
                              "ownerReferences": [{"kind": names.KIND, "name": name,
@@ -96,7 +100,8 @@ class FakeKube:
         self.calls.append(("list_pods", namespace, selector))
         wanted = dict(kv.split("=", 1) for kv in selector.split(","))
         return [copy.deepcopy(p) for p in self.pods.get(namespace, [])
-                if wanted.items() <= (p["metadata"].get("labels") or {}).items()]
+                if wanted.items() <= (p["metadata"].get("labels") or {}).items()
+                and p["metadata"]["uid"] not in self.foreign]
 
     def owned_pods(self, pods: list[dict]) -> list[dict]:
         """Kube.owned_pods (the owner chain, tested in test_kube.py): every pod but `foreign`."""

@@ -35,3 +35,27 @@ def test_a_new_version_that_only_moved_the_log_mark_is_no_news():
     assert not _news(seen, pod("2", "m2"))  # only the mark moved
     assert _news(seen, pod("3", "m2", ready="False"))  # a real change
     assert not _news(seen, pod("3", "m2", ready="False"))
+
+
+def test_a_reconcile_that_raises_is_logged_and_counted_never_escaping(caplog):
+    """Whatever a reconcile raises besides an API error (a tenant's resource it cannot read)
+    stays in handlers.reconcile: the periodic resync's loop over VLMDeployments calls it."""
+    from types import SimpleNamespace
+
+    import kopf
+    import pytest
+
+    from vlm_operator.handlers import reconcile
+    from vlm_operator.metrics import RECONCILES
+
+    class Raising:
+        def reconcile(self, namespace, name):
+            raise RecursionError("maximum recursion depth exceeded")
+
+    memo = SimpleNamespace(reconciler=Raising())
+    errors = RECONCILES.labels(result="error")._value.get()
+    reconcile(memo, "ns", "attacker", retry=False)  # the resync's call: no exception out
+    assert RECONCILES.labels(result="error")._value.get() == errors + 1
+    assert "reconcile of ns/attacker failed" in caplog.text
+    with pytest.raises(kopf.PermanentError):  # kopf's call: no retry of the same failure
+        reconcile(memo, "ns", "attacker", retry=True)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vlm_operator.api import annotation_json
 from vlm_operator.api.names import LOG_MARK
 from vlm_operator.k8s.pods import rfc3339
 
 MAX_REPLAY_S = 900.0  # the most of a log a fresh follower re-reads to refill incident windows
 MAX_MARK_TEXT = 256  # characters of the plugin state kept in a mark
+MAX_MARK_CHARS = 4096  # a mark's annotation text, at most (the operator writes some 200)
 
 
 def parse_stamp_ns(stamp: str) -> int | None:
@@ -67,17 +70,20 @@ def parse_mark(annotations: Mapping[str, str] | None) -> Mark | None:
     """The LOG_MARK annotation; anything unreadable is no mark (the log is then read from the
     container's start). Whoever may patch the pod can write it: its text is bounded here, and a
     forged one only changes what is reported about that pod."""
-    raw = (annotations or {}).get(LOG_MARK)
+    data = annotation_json.read((annotations or {}).get(LOG_MARK), max_chars=MAX_MARK_CHARS)
+    if not isinstance(data, dict):
+        return None
     try:
-        data = json.loads(raw) if raw and len(raw) <= 4096 else None
-        stamp = parse_stamp_ns(str(data["time"])) if isinstance(data, dict) else None
+        stamp = parse_stamp_ns(str(data["time"])[:64])
         if stamp is None:
             return None
         plugin, dead = data.get("plugin"), data.get("engineDeadAt")
-        return Mark(str(data["container"]), stamp,
+        dead = float(dead) if dead is not None else None
+        return Mark(str(data["container"])[:MAX_MARK_TEXT], stamp,
                     str(plugin)[:MAX_MARK_TEXT] if plugin is not None else None,
-                    float(dead) if dead is not None else None, data.get("readable") is True)
-    except (KeyError, TypeError, ValueError):
+                    dead if dead is None or math.isfinite(dead) else None,
+                    data.get("readable") is True)
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 

@@ -187,5 +187,5 @@ def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list
                 "--node-drain-markers, lets it go after --node-drain-wait-seconds)"))
     (log.warning if kind == "Warning" else log.info)("%s/%s: %s", namespace, name, text)
     events.post(rem.kube, namespace, name, pod, Event(kind, reason, text), body)
-    rem.in_flight.drive(namespace, name, meta["uid"])
+    rem.in_flight.drive(namespace, name)
     rem.reconcile(namespace, name)

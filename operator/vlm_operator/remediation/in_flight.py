@@ -1,4 +1,4 @@
-"""The threads that drive the actions taking more than one step (Replace: surge a replica, drain
+"""The workers that drive the actions taking more than one step (Replace: surge a replica, drain
 and delete the sick pod once the replacement is ready; ScaleDown: drain, delete, lower
 replicas). Each is recorded on the VLMDeployment (incidents.IN_FLIGHT) before its first step,
 and each step is chosen afresh (remediation/steps.py) from what the cluster shows. So a fresh
@@ -15,17 +15,22 @@ from typing import TYPE_CHECKING
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api import annotation_json
+from vlm_operator.api.names import IN_FLIGHT
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.pods import is_active, is_running, parse_time
 from vlm_operator.remediation import actions, drains, events, guards, steps
 from vlm_operator.remediation.incidents import (
+    MAX_IN_FLIGHT,
     NODE_DRAIN,
     SCALE_DOWN,
     InFlight,
+    InFlightRead,
     parse_in_flight,
     pending_claims,
+    read_in_flight,
     replacements,
     stamp,
 )
@@ -37,48 +42,119 @@ if TYPE_CHECKING:
     from vlm_operator.remediation.remediator import Remediator
 
 log = logging.getLogger(__name__)
+Key = tuple[str, str]
 
 STEP_S = 1.0  # in-flight actions look at the cluster again this often
+# Records whose pod is not (or no longer) one of the VLMDeployment's, stepped in one pass: an
+# action's last steps after its pod left, or a forged record, which finishes without a call
+# on any pod; the rest wait for the next pass
+GONE_PER_PASS = 4
 
 
 class InFlightDriver:
-    """One thread per in-flight action, taking its steps until it is done."""
+    """One worker per VLMDeployment with actions in flight, taking one step of each of its
+    records every STEP_S until none is left. The records are the tenant's to edit: at most
+    MAX_IN_FLIGHT are read, and a step acts only on pods whose owner chain leads to the
+    VLMDeployment (Kube.list_pods); a record naming any other uid finds no pod and is
+    finished without touching one, GONE_PER_PASS of them a pass."""
 
     def __init__(self, rem: Remediator) -> None:
         self.rem = rem
         self.kube = rem.kube
         self._lock = threading.Lock()
-        self._running: set[str] = set()  # pod uids with a thread driving their action
+        self._running: set[Key] = set()  # VLMDeployments with a worker driving their actions
+        self._again: set[Key] = set()  # asked to drive while their worker was finishing
+        self._told: dict[Key, tuple[bool, int]] = {}  # what was said about dropped records
         # pod uid -> when its pod was first seen gone while its Deployment still counted it
         self._uncounted: dict[str, float] = {}
 
-    def drive(self, namespace: str, name: str, uid: str) -> None:
+    def drive(self, namespace: str, name: str) -> None:
+        """Make sure a worker drives the actions recorded on the VLMDeployment."""
+        key = (namespace, name)
         with self._lock:
-            if uid in self._running or self.rem.stopped.is_set():
+            if self.rem.stopped.is_set():
                 return
-            self._running.add(uid)
-        threading.Thread(target=self._steps, args=(namespace, name, uid), daemon=True,
+            if key in self._running:
+                self._again.add(key)
+                return
+            self._running.add(key)
+        threading.Thread(target=self._work, args=key, daemon=True,
                          name=f"in-flight {namespace}/{name}").start()
 
-    def _steps(self, namespace: str, name: str, uid: str) -> None:
-        owner = self.rem.owner(namespace, name)
+    def _work(self, namespace: str, name: str) -> None:
+        key, owner = (namespace, name), self.rem.owner(namespace, name)
         try:
             while not self.rem.stopped.is_set():
+                left = True
                 try:
                     if self.rem.may_act(namespace):
                         with owner.lock:
-                            if self.step(namespace, name, owner, uid):
-                                return
+                            left = self.steps(namespace, name, owner)
                 except ApiException as exc:
-                    log.warning("%s/%s: in-flight action on %s: %s %s", namespace, name, uid,
+                    log.warning("%s/%s: in-flight actions: %s %s", namespace, name,
                                 exc.status, exc.reason)
                 except Exception:
-                    log.exception("%s/%s: in-flight action on %s failed", namespace, name, uid)
+                    log.exception("%s/%s: in-flight actions failed", namespace, name)
+                if not left:
+                    with self._lock:
+                        if key not in self._again:
+                            self._running.discard(key)
+                            return
+                        self._again.discard(key)
+                    continue
                 self.rem.stopped.wait(STEP_S)
         finally:
             with self._lock:
-                self._running.discard(uid)
-                self._uncounted.pop(uid, None)
+                self._running.discard(key)
+                self._again.discard(key)
+
+    def steps(self, namespace: str, name: str, owner: Owner) -> bool:
+        """One step of each action recorded on the VLMDeployment, each isolated from the
+        others (owner.lock held); True while any is left."""
+        body = self.kube.get_vlmd(namespace, name)
+        if body is None:
+            return False
+        read = read_in_flight(body["metadata"].get("annotations"))
+        self.tell_dropped(namespace, name, read, body)
+        if not read.records:
+            return False
+        owned = {p["metadata"]["uid"] for p in self.kube.list_pods(
+            namespace, children.get_selector(name))}
+        gone = [uid for uid in read.records if uid not in owned]
+        left = len(gone) > GONE_PER_PASS
+        for uid in [*(uid for uid in read.records if uid in owned), *gone[:GONE_PER_PASS]]:
+            try:
+                if self.step(namespace, name, owner, uid):
+                    self._uncounted.pop(uid, None)
+                    continue
+            except ApiException as exc:
+                log.warning("%s/%s: in-flight action on %s: %s %s", namespace, name, uid,
+                            exc.status, exc.reason)
+            except Exception:
+                log.exception("%s/%s: in-flight action on %s failed", namespace, name, uid)
+            left = True
+        return left
+
+    def tell_dropped(self, namespace: str, name: str, read: InFlightRead,
+                     body: dict) -> None:
+        """A warning and an Event, once for each new finding, when records were dropped."""
+        key, seen = (namespace, name), (read.unreadable, read.dropped)
+        with self._lock:
+            if seen == (False, 0):
+                self._told.pop(key, None)
+                return
+            if self._told.get(key) == seen:
+                return
+            self._told[key] = seen
+        text = (f"annotation {IN_FLIGHT} is unreadable (longer than {annotation_json.MAX_CHARS}"
+                f" characters, nested deeper than {annotation_json.MAX_DEPTH} or not a JSON "
+                "object): no action is driven from it, and the next one recorded replaces it"
+                if read.unreadable else
+                f"{read.dropped} record(s) of annotation {IN_FLIGHT} dropped: not an action "
+                f"the operator records, or past the first {MAX_IN_FLIGHT} per VLMDeployment")
+        log.warning("%s/%s: %s", namespace, name, text)
+        events.post(self.kube, namespace, name, None,
+                    Event("Warning", "InFlightRecordsDropped", text), body)
 
     def step(self, namespace: str, name: str, owner: Owner, uid: str) -> bool:
         """One step of the action on pod `uid`, chosen from the cluster as it is now; True when

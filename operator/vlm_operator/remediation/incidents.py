@@ -14,14 +14,18 @@ operator process.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
+import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from vlm_operator.api import annotation_json
 from vlm_operator.api.names import HISTORY, IN_FLIGHT  # noqa: F401 (incidents.HISTORY)
 
 HOUR = 3600.0
+MAX_HISTORY = 1000  # remediation times kept on a VLMDeployment (the budget counts far fewer)
 REPLACE, SCALE_DOWN = "Replace", "ScaleDown"
 
 
@@ -100,14 +104,21 @@ def stamp(t: float) -> float:
 
 
 def parse_history(raw: str | None) -> list[float]:
-    """The HISTORY annotation; unreadable content counts as no history (and is rewritten)."""
-    if not raw:
+    """The HISTORY annotation (bounded: annotation_json); unreadable content and entries that
+    are not finite times count as no history (and are rewritten). A history longer than an
+    hour of remediations could be is cut to its newest MAX_HISTORY times."""
+    values = annotation_json.read(raw)
+    if not isinstance(values, list):
         return []
-    try:
-        values = json.loads(raw)
-        return [stamp(float(t)) for t in values] if isinstance(values, list) else []
-    except (ValueError, TypeError):
-        return []
+    out = []
+    for t in values[-MAX_HISTORY:]:
+        try:
+            t = float(t)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if math.isfinite(t):
+            out.append(stamp(t))
+    return out
 
 
 def merged_history(*sources: Iterable[float], now: float) -> list[float]:
@@ -155,36 +166,77 @@ class InFlight:
 
 
 NODE_DRAIN = "node_drain"  # InFlight.signature of a Replace its node's drain asked for
+# Actions open on one VLMDeployment at once, at most: one per pod on the nodes being drained,
+# or a burst of storms; records past it are dropped (read_in_flight)
+MAX_IN_FLIGHT = 64
 _OPTIONAL = {"surge": True, "before": (), "replacement": "", "tried": False,
              "drain_since": None, "node": "", "node_since": None}
 
 
-def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight]:
-    """The IN_FLIGHT annotation by pod uid; entries that cannot be read are dropped."""
+@dataclass(frozen=True, slots=True)
+class InFlightRead:
+    """The IN_FLIGHT annotation as read: the records kept, and what was not kept."""
+
+    records: dict[str, InFlight]
+    unreadable: bool = False  # the text is too long, too deep or not JSON: no record kept
+    dropped: int = 0  # entries that are no record, or past MAX_IN_FLIGHT
+
+
+def read_in_flight(annotations: Mapping[str, str] | None) -> InFlightRead:
+    """The IN_FLIGHT annotation by pod uid (bounded: annotation_json). Entries that cannot be
+    read are dropped, and so is every record past the first MAX_IN_FLIGHT in uid order: the
+    operator never has that many actions open on one VLMDeployment, so more are forged."""
     raw = (annotations or {}).get(IN_FLIGHT)
+    records, unreadable, dropped = (_read_text(raw) if isinstance(raw, str) or raw is None
+                                    else ((), True, 0))
+    return InFlightRead(dict(records), unreadable, dropped)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_text(raw: str | None) -> tuple[tuple[tuple[str, InFlight], ...], bool, int]:
+    """read_in_flight of one annotation text, kept for the next read of the same text: each
+    round reads it several times (whether a round is due, the remediator's round, node
+    drains, the autoscaler), and a forged one may be 256 KiB. 32 texts are kept (8 MiB of
+    text at most, and the records read from it)."""
+    data = annotation_json.read(raw)
+    if data is annotation_json.UNREADABLE or (data is not None and not isinstance(data, dict)):
+        return (), True, 0
+    entries = sorted((data or {}).items())
+    out = tuple((uid, record) for uid, entry in entries[:MAX_IN_FLIGHT]
+                if (record := _record(uid, entry)) is not None)
+    return out, False, len(entries) - len(out)
+
+
+def _record(uid: str, entry: object) -> InFlight | None:
+    """One entry as a record, or None: a missing or mistyped field, an action the operator
+    does not record, a time that is not finite."""
     try:
-        data = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    out = {}
-    for uid, entry in (data.items() if isinstance(data, dict) else ()):
-        try:
-            drain_since, node_since = entry.get("drain_since"), entry.get("node_since")
-            record = InFlight(
-                str(entry["action"]), str(entry["pod"]), str(uid),
-                str(entry.get("signature", "")), float(entry["incident"]),
-                float(entry["since"]), int(entry["replicas"]),
-                bool(entry.get("surge", True)),
-                tuple(str(u) for u in entry.get("before") or ()),
-                str(entry.get("replacement") or ""), bool(entry.get("tried", False)),
-                None if drain_since is None else float(drain_since),
-                str(entry.get("node") or ""),
-                None if node_since is None else float(node_since))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-        if record.action in (REPLACE, SCALE_DOWN):
-            out[uid] = record
-    return out
+        drain_since, node_since = entry.get("drain_since"), entry.get("node_since")
+        before = entry.get("before") or ()
+        if not isinstance(before, list | tuple):
+            return None
+        record = InFlight(
+            str(entry["action"]), str(entry["pod"]), str(uid),
+            str(entry.get("signature", "")), float(entry["incident"]),
+            float(entry["since"]), int(entry["replicas"]),
+            bool(entry.get("surge", True)),
+            tuple(str(u) for u in before),
+            str(entry.get("replacement") or ""), bool(entry.get("tried", False)),
+            None if drain_since is None else float(drain_since),
+            str(entry.get("node") or ""),
+            None if node_since is None else float(node_since))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    times = (record.incident, record.since, record.drain_since, record.node_since)
+    if record.action not in (REPLACE, SCALE_DOWN) or not all(
+            t is None or math.isfinite(t) for t in times):
+        return None
+    return record
+
+
+def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight]:
+    """The IN_FLIGHT records by pod uid (read_in_flight); none when unreadable."""
+    return read_in_flight(annotations).records
 
 
 def in_flight_value(records: Mapping[str, InFlight]) -> str | None:

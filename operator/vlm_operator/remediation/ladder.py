@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
+from vlm_operator.api import annotation_json
 from vlm_operator.api.names import ACTED_UNTIL, FENCE
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import container_status, is_ready, parse_time, restart_count
@@ -59,6 +60,7 @@ READY_WAIT_S = float(children.STARTUP_PERIOD_SECONDS * children.STARTUP_FAILURE_
 # pod (facts.md). An in-place restart the kubelet delays longer than this is not the cheaper one.
 COLD_START_S = 110.0
 KEEP_ALIVE_ENV = "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
+MAX_FENCE_CHARS = 4096  # a fence's annotation text, at most (the operator writes some 300)
 
 
 class Rung(enum.StrEnum):
@@ -119,15 +121,14 @@ def fence_value(fence: Fence) -> str:
 
 def parse_fence(annotations: Mapping[str, str] | None) -> Fence | None:
     """The pod's fence, or None (none, or not one the operator wrote: ignored, never acted on)."""
-    raw = (annotations or {}).get(FENCE)
-    if not raw or len(raw) > 4096:
+    data = annotation_json.read((annotations or {}).get(FENCE), max_chars=MAX_FENCE_CHARS)
+    if not isinstance(data, dict):
         return None
     try:
-        data = json.loads(raw)
         fence = Fence(str(data["signature"])[:64], float(data["incident"]), float(data["at"]),
                       Rung(data["rung"]).value, float(data["deadline"]), int(data["restarts"]),
                       str(data["reason"])[:1024])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         return None
     numbers = (fence.incident, fence.at, fence.deadline)
     return fence if all(math.isfinite(n) for n in numbers) and fence.restarts >= 0 else None

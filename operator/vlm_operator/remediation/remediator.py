@@ -4,8 +4,8 @@ out: a Restart by remediation/recovery.py, a Replace or ScaleDown recorded on th
 VLMDeployment and driven by remediation/in_flight.py, a held plan told once (events.py).
 Decisions and actions on one VLMDeployment's pods are serialised by its lock (intake.Owner).
 Held incidents stay open and are decided again on pod events, spec changes and every
-RECONSIDER_S, until acted on, gone or older than their window. Every round also drives each
-recorded action and looks for node drains (remediation/drains.py)."""
+RECONSIDER_S, until acted on, gone or older than their window. Every round also makes sure the
+recorded actions have their worker and looks for node drains (remediation/drains.py)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from vlm_operator.remediation.incidents import (
     parse_history,
     parse_in_flight,
     pending_claims,
+    read_in_flight,
     stamp,
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
@@ -185,8 +186,8 @@ class Remediator:
         owner.history = merged_history(parse_history(annotations.get(HISTORY)), owner.history,
                                        now=time.time())
         owner.in_flight = parse_in_flight(annotations)
-        for uid in owner.in_flight:
-            self.in_flight.drive(namespace, name, uid)
+        if owner.in_flight:
+            self.in_flight.drive(namespace, name)
         return body
 
     # -- deciding
@@ -349,7 +350,7 @@ class Remediator:
                         if plan.action == REPLACE else ("ScaleDownStarted", "; draining"))
         events.post(self.kube, namespace, name, pod,
                     Event("Warning", reason, plan.message + text), body)
-        self.in_flight.drive(namespace, name, incident.uid)
+        self.in_flight.drive(namespace, name)
         events.last_remediation(self.kube, namespace, name, incident, action=plan.action,
                                 reason=plan.message)
         self.reconcile(namespace, name)
@@ -368,13 +369,15 @@ class Remediator:
 
     # -- every round (runtime/periodic.py, on the active replica only)
     def round(self, body: dict, pods: list[dict]) -> None:
-        """Make sure every action recorded on the VLMDeployment has a thread driving it (a
+        """Make sure the actions recorded on the VLMDeployment have a worker driving them (a
         standby that became active, a fresh process: nothing else may wake them), take each
         fenced pod's next step, and look for its pods on nodes that are leaving. body: the
         round's snapshot; pods: its pods (from the watch-fed cache)."""
         meta = body["metadata"]
-        for uid in parse_in_flight(meta.get("annotations")):
-            self.in_flight.drive(meta["namespace"], meta["name"], uid)
+        read = read_in_flight(meta.get("annotations"))
+        self.in_flight.tell_dropped(meta["namespace"], meta["name"], read, body)
+        if read.records:
+            self.in_flight.drive(meta["namespace"], meta["name"])
         fenced = [(p, f) for p in pods if (f := ladder.parse_fence(
             p["metadata"].get("annotations"))) is not None]
         if fenced:

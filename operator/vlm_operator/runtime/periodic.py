@@ -15,7 +15,8 @@ and every VLMDeployment's own round (watchdog.round_loop). A thread of its own c
 second; when one stalls or runs again, the VLMDeployments it serves are reconciled so their
 OperatorStalled condition says so. A round that fails is logged once, then counted silently
 until it works again (200 VLMDeployments failing every second during an apiserver outage would
-otherwise bury the log).
+otherwise bury the log). Every loop isolates each VLMDeployment: what one raises (a tenant's
+resource no code can read) is logged and counted, and the others' rounds and resyncs go on.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.k8s.caches import Stale
-from vlm_operator.metrics import ROUNDS
+from vlm_operator.metrics import RECONCILES, ROUNDS
 from vlm_operator.runtime.watchdog import ROUND_PREFIX, Watchdog, round_loop
 
 ROUND_SECONDS = 1.0
@@ -192,13 +193,25 @@ class Periodic:
         at once would be a burst of some 2,000 requests to the apiserver every 5 minutes."""
         with self._lock:
             tracked = set(self._bodies)
-        self._sweep(tracked)
+        try:
+            self._sweep(tracked)
+        except Exception:  # what is kept for gone ones stays a round longer; the resync goes on
+            log.exception("sweeping what is kept for VLMDeployments no longer tracked failed")
         bodies = self._mine()
         gap = self.resync_s * RESYNC_SPREAD / max(1, len(bodies))
         for i, body in enumerate(bodies):
             if i and self._stop.wait(gap):
                 return
-            self._resync(body["metadata"]["namespace"], body["metadata"]["name"])
+            self._resync_one(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    def _resync_one(self, namespace: str, name: str) -> None:
+        """One VLMDeployment's resync, isolated: whatever it raises (a resource no reconcile
+        can read) is logged and counted, and the round goes on with the others."""
+        try:
+            self._resync(namespace, name)
+        except Exception:
+            RECONCILES.labels(result="error").inc()
+            log.exception("resync of %s/%s failed; the others go on", namespace, name)
 
     # -- the watchdog
     def _watch(self, check_s: float) -> None:
@@ -221,4 +234,4 @@ class Periodic:
         else:
             keys = {tuple(loop[len(ROUND_PREFIX):].split("/", 1)) for loop in loops} & tracked
         for namespace, name in sorted(keys):
-            self._publish.submit(self._resync, namespace, name)
+            self._publish.submit(self._resync_one, namespace, name)

@@ -37,3 +37,18 @@ def test_the_resume_mark_round_trip_and_where_a_fresh_follower_starts():
                                  json.dumps({"container": "a", "time": "y" * 5000})])
 def test_an_unreadable_mark_is_no_mark(raw):
     assert parse_mark({LOG_MARK: raw}) is None
+
+
+@pytest.mark.parametrize("raw", ["[" * 4096, "{" * 4096, '{"time":' * 500])
+def test_a_nested_mark_is_no_mark_and_never_raises(raw):
+    """4,096 characters of `[` passed the length cap and raised RecursionError out of the
+    follower that read it."""
+    assert parse_mark({LOG_MARK: raw}) is None
+
+
+def test_a_mark_with_impossible_values_is_no_mark_or_has_them_dropped():
+    good = json.loads(Mark("cri://a", 1796065200_000000000).value())
+    assert parse_mark({LOG_MARK: json.dumps({**good, "time": "9" * 5000})}) is None
+    assert parse_mark({LOG_MARK: json.dumps({**good, "engineDeadAt": 1e999})}) == Mark(
+        "cri://a", 1796065200_000000000)  # an infinite time is no time
+    assert parse_mark({LOG_MARK: json.dumps({**good, "container": "c" * 5000})}) is None

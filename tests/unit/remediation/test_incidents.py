@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 
 from vlm_operator.api.names import HISTORY, IN_FLIGHT
 from vlm_operator.remediation.incidents import (
+    MAX_HISTORY,
+    MAX_IN_FLIGHT,
     REPLACE,
     SCALE_DOWN,
     InFlight,
+    InFlightRead,
     Windows,
     acted_until,
     expired,
@@ -24,6 +27,7 @@ from vlm_operator.remediation.incidents import (
     parse_history,
     parse_in_flight,
     pending_claims,
+    read_in_flight,
     replacements,
     restarts_in_hour,
     surge,
@@ -179,3 +183,39 @@ def test_acted_until_comes_from_the_action_in_flight():
     assert acted_until("u1", annotations) == NOW - 3
     assert acted_until("u2", annotations) is None
     assert acted_until("u1", None) is None
+
+
+NESTED = ["[" * 200_000, "[" * 4096, "{" * 4096, '{"u1":' * 4096 + "1" + "}" * 4096]
+
+
+def test_a_nested_annotation_reads_as_nothing_and_never_raises():
+    """Python's parser recursed once per `[`: 200 KB of them raised RecursionError out of
+    every reader of the annotation (a reconcile, the resync round)."""
+    for raw in NESTED:
+        assert parse_history(raw) == []
+        assert parse_in_flight({IN_FLIGHT: raw}) == {}
+        assert read_in_flight({IN_FLIGHT: raw}).unreadable
+        assert surge({IN_FLIGHT: raw}) == 0 and acted_until("u1", {IN_FLIGHT: raw}) is None
+
+
+def test_a_history_keeps_only_finite_times_and_at_most_its_cap():
+    assert parse_history('[1.5, "x", null, "NaN", 1e999, [], 2]') == [1.5, 2.0]
+    assert len(parse_history(json.dumps(list(range(5000))))) == MAX_HISTORY
+
+
+def test_forged_in_flight_records_are_capped():
+    """2,800 forged records (209 KB) made a thread and API calls each, every round."""
+    forged = {f"uid-{i:05d}": {"action": SCALE_DOWN, "pod": f"p{i}", "incident": 1,
+                               "since": 1, "replicas": 1} for i in range(2800)}
+    read = read_in_flight({IN_FLIGHT: json.dumps(forged, separators=(",", ":"))})
+    assert len(read.records) == MAX_IN_FLIGHT and read.dropped == 2800 - MAX_IN_FLIGHT
+    assert not read.unreadable
+    assert list(read.records) == sorted(forged)[:MAX_IN_FLIGHT]
+    assert read_in_flight({IN_FLIGHT: json.dumps([1])}).unreadable
+    odd = {"u": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": "NaN", "replicas": 1},
+           "v": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1e999},
+           "w": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1,
+                 "before": "abc"}}
+    assert read_in_flight({IN_FLIGHT: json.dumps(odd)}) == InFlightRead({}, dropped=3)
+    fine = read_in_flight({IN_FLIGHT: in_flight_value({"u1": rec()})})
+    assert fine == InFlightRead({"u1": rec()})

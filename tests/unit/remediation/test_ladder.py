@@ -273,3 +273,9 @@ def test_any_recovery_annotation_reads_as_a_few_finite_times_in_the_window(raw):
     times = suspect.recoveries({RECOVERED_IN_PLACE: raw}, T)
     assert len(times) <= suspect.MAX_KEPT
     assert all(math.isfinite(t) and T - suspect.SUSPECT_WINDOW_S < t <= T + 60 for t in times)
+
+
+@pytest.mark.parametrize("raw", ["[" * 4096, "[" * 4000, "{" * 4096, '{"a":' * 800])
+def test_a_nested_fence_is_no_fence_and_never_raises(raw):
+    """4,096 characters of `[` passed the length cap and raised RecursionError."""
+    assert ladder.parse_fence({FENCE: raw}) is None

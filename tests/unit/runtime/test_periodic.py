@@ -199,3 +199,48 @@ def test_one_namespaces_slow_rounds_leave_workers_to_the_others():
     finally:
         release.set()
         p.stop()
+
+
+def test_a_resync_that_raises_does_not_stop_the_others():
+    """A VLMDeployment whose reconcile raises (a nested annotation raised RecursionError out
+    of handlers.reconcile) must not keep the resync from the VLMDeployments after it: each is
+    isolated, logged and counted."""
+    from vlm_operator.metrics import RECONCILES
+
+    resynced, lock = [], threading.Lock()
+
+    def resync(ns, name):
+        with lock:
+            resynced.append(name)
+        if name == "attacker":
+            raise RecursionError("maximum recursion depth exceeded")
+
+    errors = RECONCILES.labels(result="error")._value.get()
+    p = Periodic(tick=lambda b: None, resync=resync, forget=lambda ns, name: None,
+                 round_s=60, resync_s=0.05,
+                 sweep=lambda tracked: (_ for _ in ()).throw(RuntimeError("sweep"))).start()
+    try:
+        for name in ("a", "attacker", "c", "d"):
+            p.track(body(name, ns=name))
+        wait_until(lambda: all(resynced.count(n) >= 2 for n in ("a", "attacker", "c", "d")))
+        assert RECONCILES.labels(result="error")._value.get() >= errors + 2
+    finally:
+        p.stop()
+        for thread in p._threads:  # no resync of it still counting into the next test
+            thread.join(10)
+
+
+def test_a_reconcile_the_watchdog_asks_for_that_raises_is_logged(caplog):
+    """The watchdog's reconciles (OperatorStalled) run in a pool: what one raises would
+    otherwise vanish in its future, unlogged and uncounted."""
+    def resync(ns, name):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    p = Periodic(tick=lambda b: None, resync=resync, forget=lambda ns, name: None,
+                 round_s=60, resync_s=60)
+    try:
+        p.track(body("attacker"))
+        p._publish_conditions(["rounds"])
+        wait_until(lambda: "resync of team/attacker failed" in caplog.text)
+    finally:
+        p.stop()
