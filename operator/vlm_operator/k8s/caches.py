@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api.names import INSTANCE_LABEL
 from vlm_operator.k8s.kube import Kube
-from vlm_operator.k8s.nodes import Node, free_by_node, node_state, pod_use
+from vlm_operator.k8s.nodes import Node, PodUse, free_by_node, node_state, pending_use, pod_use
 from vlm_operator.metrics import CACHE_LISTS, CACHE_OBJECTS
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 10.0
 IDLE_S = 600.0  # a namespace's managed-pod cache nobody asked for this long is stopped
 MANAGED = "app.kubernetes.io/managed-by=vlm-operator"
 BOUND_AND_RUNNING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNBOUND = "spec.nodeName=,status.phase=Pending"
 
 
 class Stale(RuntimeError):
@@ -260,6 +261,18 @@ def _slim(pod: dict) -> dict:
     return {**pod, "metadata": meta}
 
 
+def _keep_unbound(pod: dict) -> dict | None:
+    """An unbound managed pod: what its owner check reads, and what it asks for."""
+    use = pending_use(pod)
+    if use is None:
+        return None
+    meta = pod["metadata"]
+    return {"metadata": {k: meta[k] for k in ("namespace", "name", "uid", "ownerReferences")
+                         if k in meta} | {"labels": {
+                             INSTANCE_LABEL: (meta.get("labels") or {}).get(INSTANCE_LABEL, "")}},
+            "use": use}
+
+
 def _pod_key(pod: dict) -> tuple[str, str]:
     meta = pod["metadata"]
     return meta["namespace"], (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
@@ -300,10 +313,24 @@ class ClusterCache:
         return self._informer("gpu-pods", "/api/v1/pods", pod_use,
                               (("fieldSelector", BOUND_AND_RUNNING),))
 
+    def _unbound_pods(self) -> Informer:
+        return self._informer("unbound-gpu-pods", "/api/v1/pods", _keep_unbound,
+                              (("fieldSelector", UNBOUND), ("labelSelector", MANAGED)))
+
     def start_budget(self) -> None:
         """Start the caches the GPU budget reads (without waiting for them)."""
         self._nodes()
         self._gpu_pods()
+        self._unbound_pods()
+
+    def pod_uses(self) -> list[PodUse]:
+        """What the bound GPU pods hold, where; raises Stale."""
+        return self._gpu_pods().values()
+
+    def unbound_uses(self) -> list[PodUse]:
+        """What the managed pods no node holds yet ask for, of those whose owner chain leads to
+        the operator (node ""); raises Stale."""
+        return [pod["use"] for pod in self.kube.owned_pods(self._unbound_pods().values())]
 
     def budget(self) -> tuple[list[Node], dict[str, dict[str, int]]]:
         """Schedulable nodes and the extended resources free on each; raises Stale."""

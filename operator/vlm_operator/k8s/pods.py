@@ -83,3 +83,14 @@ def parse_time(text: str | None) -> float | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def unschedulable_s(pod: dict, now: float) -> float:
+    """How long the scheduler has refused this pod (0: it has not)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"):
+            since = parse_time(cond.get("lastTransitionTime"))
+            if since is not None:
+                return max(0.0, now - since)
+    return 0.0

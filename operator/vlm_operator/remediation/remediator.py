@@ -66,7 +66,8 @@ class Remediator:
                  leaving_nodes: Callable[[], Mapping[str, str]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
-                 node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S) -> None:
+                 node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S,
+                 unschedulable_limit_s: float = steps.UNSCHEDULABLE_S) -> None:
         """`reconcile(ns, name)` publishes status (Reconciler.refresh, logs its own errors);
         `may_act(ns)`: whether this replica acts (k8s/peering.py; None: it runs alone);
         `replica_fits(vlmd, pending)`: one more replica fits the free GPUs after `pending`
@@ -75,7 +76,8 @@ class Remediator:
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
         (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
         `leaving_nodes()`: node name -> why it is leaving (raises Stale when unknown; None:
-        node drains are not looked for)."""
+        node drains are not looked for); `unschedulable_limit_s`: how long a surge may stay
+        unschedulable before it is given up (a node autoscaler's provisioning timeout)."""
         self.kube = kube
         self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)
@@ -85,6 +87,7 @@ class Remediator:
         self.drain_timeout_s = drain_timeout_s
         self.replace_timeout_s = replace_timeout_s
         self.node_drain_wait_s = node_drain_wait_s
+        self.unschedulable_limit_s = unschedulable_limit_s
         self._owners: dict[Key, Owner] = {}
         self._lock = threading.Lock()
         self.stopped = threading.Event()

@@ -109,7 +109,8 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
                  spare_gpus: bool | None, now: float, timeout_s: float = REPLACE_TIMEOUT_S,
                  drain_timeout_s: float = DRAIN_TIMEOUT_S,
                  node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
-                 min_drain_s: float = DRAIN_MIN_S) -> Step:
+                 min_drain_s: float = DRAIN_MIN_S,
+                 unschedulable_limit_s: float = UNSCHEDULABLE_S) -> Step:
     """The next step of a Replace, from what the cluster shows now:
 
     - the pod is gone: FINISH (the caller waits until it has `settled`);
@@ -122,8 +123,8 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
     - the others (with the replacement, once ready) keep minAvailable: TAKE_OUT (drain first);
     - spec.replicas went below the count it began with (HPA, KEDA, a user): ABANDON at once,
       the ReplicaSet removes the newest, not-ready pod first, which is the replacement;
-    - the replacement is refused by the scheduler for UNSCHEDULABLE_S, or none is ready in
-      timeout_s: GIVE_UP;
+    - the replacement is refused by the scheduler for unschedulable_limit_s (UNSCHEDULABLE_S;
+      with a node autoscaler, its provisioning timeout), or none is ready in timeout_s: GIVE_UP;
     - else WAIT.
 
     running: the pod's requests in flight (None: unknown); replacement_ready: the replacement
@@ -148,7 +149,7 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
         return Step.TAKE_OUT
     if replicas < record.replicas and not replacement_ready:
         return Step.ABANDON
-    if unschedulable_s >= UNSCHEDULABLE_S or now - record.since >= timeout_s:
+    if unschedulable_s >= unschedulable_limit_s or now - record.since >= timeout_s:
         return Step.GIVE_UP
     return Step.WAIT
 
