@@ -134,3 +134,21 @@ def test_log_mark_seconds_must_be_a_second_or_more():
     args = build_parser().parse_args(["run", "--log-mark-seconds", "60"])
     assert args.log_mark_seconds == 60.0
     assert build_parser().parse_args(["run"]).log_mark_seconds == 300.0
+
+
+def test_node_autoscaler_capacity_is_off_unless_asked_and_bounded():
+    from vlm_operator.cli import build_parser
+    from vlm_operator.k8s.nodes import Growth
+    from vlm_operator.runner import growth
+
+    parser = build_parser()
+    assert growth(parser.parse_args(["run"])) is None  # existing nodes only
+    args = parser.parse_args(["run", "--node-autoscaler-pending-gpus", "8",
+                              "--node-autoscaler-pending-gpus-per-deployment", "2",
+                              "--node-autoscaler-timeout-seconds", "300"])
+    assert growth(args) == Growth(2, 8, 300.0)
+    assert growth(parser.parse_args(["run", "--node-autoscaler-pending-gpus", "4"])) == Growth(
+        4, 4, 900.0)
+    for bad in ("-1", "1.5", "lots"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "--node-autoscaler-pending-gpus", bad])
