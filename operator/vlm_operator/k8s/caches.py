@@ -4,7 +4,8 @@
   resources) and whether they are leaving (a drain, the cluster autoscaler, Karpenter), and
   the pods bound to them that hold extended resources such as GPUs (PodUse): the
   GPU budget of the Builtin autoscaler and of surge replacements, and the node drains every
-  round looks for.
+  round looks for. With them, the managed pods no node holds yet (what the GPUs left Pending
+  for a node autoscaler are counted from; only those whose owner chain leads to the operator).
 - The managed vLLM pods, for every VLMDeployment's once-a-second round (runtime/rounds.py).
 
 Each cache is one paged LIST, then a WATCH from the list's resourceVersion, which the apiserver
