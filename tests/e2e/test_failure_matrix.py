@@ -209,6 +209,7 @@ def node_added_by_autoscaler(seen: Observed) -> None:
     assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
     assert not {"PodRestarted", "RemediationSkipped"} & set(seen.events), seen.events
     assert len(seen.notes["nodes_added"]) == 1
+    assert "for a node the node autoscaler adds" in seen.notes["waiting_condition"]["message"]
     assert seen.notes["pod_nodes"] == seen.notes["nodes_added"], seen.notes
     said(seen, "tokenizer_retry", "Replace")
 

@@ -76,8 +76,7 @@ class Remediator:
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
         (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
         `leaving_nodes()`: node name -> why it is leaving (raises Stale when unknown; None:
-        node drains are not looked for); `unschedulable_limit_s`: how long a surge may stay
-        unschedulable before it is given up (a node autoscaler's provisioning timeout)."""
+        node drains are not looked for); `unschedulable_limit_s`: a surge's wait for a node."""
         self.kube = kube
         self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)
@@ -389,7 +388,8 @@ class Remediator:
             return []
         out = [remediating_report(
             owner.in_flight, [(owner.open[k], d) for k, d in owner.held.items()
-                              if k in owner.open], time.time(), self.node_drain_wait_s)]
+                              if k in owner.open], time.time(), self.node_drain_wait_s,
+            self.unschedulable_limit_s)]
         budget = guards.budget_report(owner.history, time.time(), owner.policy)
         return [*out, budget] if budget else out
 

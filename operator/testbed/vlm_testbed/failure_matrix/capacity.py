@@ -61,9 +61,12 @@ def node_added_by_autoscaler(bed: Bed, health: dict | None) -> Observed:
     scaler = NodeAutoscaler(pods, add_node, delay_s=NODE_DELAY_S).start()
     bed._stack.callback(scaler.stop)
     pod, start = storm_on_a_full_node(bed, health)
+    waiting = bed.wait("the surge waiting for a node", lambda: (
+        c := bed.condition("row", "Remediating")).get("reason") == "ReplacingPod" and c,
+        timeout=30)
     seen = bed.follow("row", 1, {instance(pod)}, start)
     scaler.stop()
-    seen.notes.update(nodes_added=added, pod_nodes=sorted(
+    seen.notes.update(waiting_condition=waiting, nodes_added=added, pod_nodes=sorted(
         p.spec.node_name or "" for p in bed.pods("row") if p.metadata.deletion_timestamp is None),
         leaving=sorted(p.spec.node_name or "" for p in bed.pods("row")
                        if p.metadata.deletion_timestamp is not None))
