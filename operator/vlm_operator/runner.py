@@ -191,12 +191,12 @@ class Parts:
 def growth(args: argparse.Namespace) -> Growth | None:
     """The GPU capacity a node autoscaler may add (`--node-autoscaler-*`); None: existing
     nodes only."""
-    total = getattr(args, "node_autoscaler_pending_gpus", 0)
+    total = args.node_autoscaler_pending_gpus
     if not total:
         return None
-    per = getattr(args, "node_autoscaler_pending_gpus_per_deployment", None)
+    per = args.node_autoscaler_pending_gpus_per_deployment
     return Growth(total if per is None else min(per, total), total,
-                  getattr(args, "node_autoscaler_timeout_seconds", 900.0))
+                  args.node_autoscaler_timeout_seconds)
 
 
 def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, identity: str,

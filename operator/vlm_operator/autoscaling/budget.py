@@ -50,7 +50,7 @@ class GpuBudget:
 
     def start(self) -> None:
         """Start the caches the budget reads (without waiting for them)."""
-        self.cluster.start_budget()
+        self.cluster.start_budget(unbound=self.growth is not None)
 
     def read(self) -> tuple[list[Node], dict[str, dict[str, int]]]:
         """Schedulable nodes and what is free on each (raises Stale)."""

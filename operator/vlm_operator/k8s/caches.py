@@ -318,11 +318,13 @@ class ClusterCache:
         return self._informer("unbound-gpu-pods", "/api/v1/pods", _keep_unbound,
                               (("fieldSelector", UNBOUND), ("labelSelector", MANAGED)))
 
-    def start_budget(self) -> None:
-        """Start the caches the GPU budget reads (without waiting for them)."""
+    def start_budget(self, unbound: bool = False) -> None:
+        """Start the caches the GPU budget reads (without waiting for them); `unbound`: the
+        unbound managed pods too (read only where a node autoscaler adds nodes)."""
         self._nodes()
         self._gpu_pods()
-        self._unbound_pods()
+        if unbound:
+            self._unbound_pods()
 
     def pod_uses(self) -> list[PodUse]:
         """What the bound GPU pods hold, where; raises Stale."""

@@ -41,7 +41,7 @@ class Kube:
 
 
 class Cluster:
-    def start_budget(self):
+    def start_budget(self, unbound=False):
         pass
 
 

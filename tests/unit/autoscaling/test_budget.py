@@ -154,3 +154,18 @@ def test_growth_counts_what_other_vlmdeployments_left_pending():
 def test_a_replica_pinned_to_its_claim_node_never_waits_for_a_new_node():
     budget = GpuBudget(Nodes({"a": (1, 0)}, bound=[use("a")]), growth())
     assert not budget.replica_fits(RWO)
+
+
+def test_what_is_kept_of_a_gpu_pod_is_bounded():
+    labels = {**{f"app.kubernetes.io/k{i:02}": "v" for i in range(20)}, "team": "x"}
+    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    bound = {"metadata": {"namespace": "ns", "labels": labels},
+             "spec": {**spec, "nodeName": "a"}, "status": {"phase": "Running"}}
+    use = nodes.pod_use(bound)
+    assert use.namespace == "ns" and len(use.labels) == nodes.LABELS_KEPT
+    assert all(k.startswith("app.kubernetes.io/") for k, _ in use.labels)
+    assert nodes.pending_use(bound) is None  # a node holds it
+    unbound = {**bound, "spec": spec, "status": {"phase": "Pending"}}
+    assert nodes.pending_use(unbound).node == "" and nodes.pod_use(unbound) is None
+    going = {**unbound, "metadata": {**unbound["metadata"], "deletionTimestamp": "x"}}
+    assert nodes.pending_use(going) is None
