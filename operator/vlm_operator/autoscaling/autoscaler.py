@@ -164,17 +164,13 @@ class Autoscaler:
             return self._priorities[1].get(class_name, 0)
 
     def _grant(self, vlmd: VLMDeployment, current: int, bound: int, desired: int,
-               waited_s: float, state: _State, now: float) -> tuple[int, tuple[str, str] | None]:
+               stuck: int, state: _State, now: float) -> tuple[int, tuple[str, str] | None]:
         """Replicas granted, and (reason, text) when the budget held some back, or some wait
-        for a node a node autoscaler adds. `waited_s`: how long the scheduler has refused the
-        oldest of its Pending pods; past the budget's provisioning timeout, replicas no node
-        holds are given back and the budget grows no more for it for one more timeout."""
+        for a node a node autoscaler adds. `stuck`: its Pending pods the scheduler has refused
+        for the budget's provisioning timeout: given back (the replicas drop by as many) and
+        no new wait for a node for one more timeout."""
         key, priority = (vlmd.namespace, vlmd.name), self._priority(vlmd)
         growth = self.budget.growth
-        expired = growth is not None and waited_s >= growth.timeout_s
-        if expired:
-            state.no_node_until = now + growth.timeout_s
-        grow = not expired and now >= state.no_node_until
         try:
             claim = self.budget.claim(vlmd, priority, current, bound, desired)
         except Stale as exc:
@@ -186,21 +182,23 @@ class Autoscaler:
             self._claims[key] = (claim, time.monotonic())
             fresh = [c for c, t in self._claims.values()
                      if time.monotonic() - t <= CLAIM_FRESH_S]
-        if desired <= current and not expired:  # scale-downs and holds need no budget
+        if growth is not None and stuck:
+            state.no_node_until = now + growth.timeout_s
+            target = min(desired, current - stuck)
+            if target < current:
+                return target, ("NoNodeAdded", (
+                    f"no node came for {stuck} Pending replicas in the {growth.timeout_s:g} s "
+                    f"provisioning timeout (--node-autoscaler-timeout-seconds): back to "
+                    f"{target} replicas; no new wait for a node for {growth.timeout_s:g} s"))
+        if desired <= current:  # scale-downs and holds need no budget
             return desired, None
         try:
             if stale is not None:
                 raise stale
-            grant = self.budget.grant(fresh, key, grow)
+            grant = self.budget.grant(fresh, key, now >= state.no_node_until)
         except Stale as exc:
             return current, ("GPUBudgetUnknown", f"the free GPUs are unknown ({exc}); holding "
                                                  f"{current} replicas until they are known")
-        if expired and min(desired, current) > grant.fits:
-            return grant.fits, ("NoNodeAdded", (
-                f"no node came for the Pending replicas in the {growth.timeout_s:g} s "
-                f"provisioning timeout (--node-autoscaler-timeout-seconds): back to the "
-                f"{grant.fits} replicas the nodes hold; no more wait for a node for "
-                f"{growth.timeout_s:g} s"))
         if grant.to_come:
             return grant.granted, ("WaitingForNode", (
                 f"{grant.to_come} of {grant.granted} replicas fit no node now and wait for a "
@@ -250,9 +248,12 @@ class Autoscaler:
                                              pods).values())
         bound = sum(1 for s, p in zip(samples, pods, strict=True)
                     if s.state != a.PENDING and p["metadata"]["uid"] not in surging)
-        waited = max((unschedulable_s(p, now) for s, p in zip(samples, pods, strict=True)
-                      if s.state == a.PENDING), default=0.0)
-        granted, limited = self._grant(vlmd, current, bound, desired, waited, state, now)
+        growth = self.budget.growth
+        stuck = sum(1 for s, p in zip(samples, pods, strict=True)
+                    if growth is not None and s.state == a.PENDING
+                    and p["metadata"]["uid"] not in surging
+                    and unschedulable_s(p, now) >= growth.timeout_s)
+        granted, limited = self._grant(vlmd, current, bound, desired, stuck, state, now)
         if limited is not None:
             message = f"{message}; {limited[1]}"
             reason = LIMITED_REASONS.get(limited[0], reason)
