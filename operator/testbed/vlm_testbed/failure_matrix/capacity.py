@@ -19,6 +19,24 @@ NODE_DELAY_S = 10.0  # the stand-in's provisioning delay
 PROVISIONING_TIMEOUT_S = 120  # --node-autoscaler-timeout-seconds of the row's operator
 
 
+def node_autoscaler(bed: Bed, delay_s: float = NODE_DELAY_S) -> tuple[NodeAutoscaler, list[str]]:
+    """The stand-in node autoscaler for the bed's namespace, started (stopped with the bed): a
+    one-GPU node `delay_s` after the scheduler refuses a GPU pod; and the names of the nodes
+    it added, as it adds them."""
+    added: list[str] = []
+
+    def pods() -> list[dict]:
+        return [bed.api.sanitize_for_serialization(p)
+                for p in bed.core.list_namespaced_pod(bed.ns).items]
+
+    def add_node(index: int) -> None:
+        added.extend(bed.nodes(gpus_per_node=1, tag=f"auto{index}").node_names)
+
+    scaler = NodeAutoscaler(pods, add_node, delay_s=delay_s).start()
+    bed._stack.callback(scaler.stop)
+    return scaler, added
+
+
 def claim_node_full(bed: Bed, health: dict | None) -> Observed:
     """Two nodes of one GPU; the only replica mounts the ReadWriteOnce cache claim the operator
     creates, so every replica must go to its node (pod affinity), which is full; the other
@@ -49,17 +67,7 @@ def node_added_by_autoscaler(bed: Bed, health: dict | None) -> Observed:
     refused it, and the Replace finishes there."""
     bed.operator("--standalone", "--node-autoscaler-pending-gpus", "1",
                  "--node-autoscaler-timeout-seconds", str(PROVISIONING_TIMEOUT_S))
-    added: list[str] = []
-
-    def pods() -> list[dict]:
-        return [bed.api.sanitize_for_serialization(p)
-                for p in bed.core.list_namespaced_pod(bed.ns).items]
-
-    def add_node(index: int) -> None:
-        added.extend(bed.nodes(gpus_per_node=1, tag=f"auto{index}").node_names)
-
-    scaler = NodeAutoscaler(pods, add_node, delay_s=NODE_DELAY_S).start()
-    bed._stack.callback(scaler.stop)
+    scaler, added = node_autoscaler(bed)
     pod, start = storm_on_a_full_node(bed, health)
     waiting = bed.wait("the surge waiting for a node", lambda: (
         c := bed.condition("row", "Remediating")).get("reason") == "ReplacingPod" and c,
