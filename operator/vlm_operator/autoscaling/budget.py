@@ -32,13 +32,11 @@ def placement(vlmd: VLMDeployment) -> dict:
 
 
 class Grant(NamedTuple):
-    """A claim's grant: replicas, how many of them wait for a node to come (growth), how many
-    the nodes there are hold, and the most GPUs free on one node its pods may use (for the
-    message when it falls short)."""
+    """A claim's grant: replicas, how many of them wait for a node to come (growth), and the
+    most GPUs free on one node its pods may use (for the message when it falls short)."""
 
     granted: int
     to_come: int
-    fits: int
     most: int
 
 
@@ -84,8 +82,8 @@ class GpuBudget:
                             for r, n in use.requests.items() if r in resources)
         share = plan_gpus(nodes, free, claims, growth, elsewhere)[key]
         claim = next(c for c in claims if c.key == key)
-        return Grant(share.granted, share.to_come, share.fits,
-                     largest_free(nodes, free, claim.resource, claim.pod_spec, claim.beside))
+        return Grant(share.granted, share.to_come, largest_free(
+            nodes, free, claim.resource, claim.pod_spec, claim.beside))
 
     def replica_fits(self, vlmd: VLMDeployment, pending: int = 0) -> bool:
         """For surge replacements (remediation/remediator.py): whether one more replica fits on

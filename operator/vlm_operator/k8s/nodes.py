@@ -291,13 +291,11 @@ class Growth(NamedTuple):
 
 
 class Share(NamedTuple):
-    """A claim's grant: replicas granted; how many of those no node holds now, left Pending
-    for a node the node autoscaler adds (0 without Growth); and how many replicas the nodes
-    there are hold (bound, or fitting the free GPUs)."""
+    """A claim's grant: replicas granted, and how many of those no node holds now, left
+    Pending for a node the node autoscaler adds (0 without Growth)."""
 
     granted: int
     to_come: int
-    fits: int
 
 
 def _together(c: Claim, eligible: list[str], left: dict[str, dict[str, int]], want: int,
@@ -351,10 +349,10 @@ def plan_gpus(nodes: list[Node], free: dict[str, dict[str, int]], claims: list[C
             grow_left -= to_come * need
         fits = c.bound + take
         if c.desired <= c.current:
-            shares[c.key] = Share(c.desired, min(to_come, max(0, c.desired - fits)), fits)
+            shares[c.key] = Share(c.desired, min(to_come, max(0, c.desired - fits)))
         else:
             granted = max(c.current, min(c.desired, fits + to_come))
-            shares[c.key] = Share(granted, max(0, min(to_come, granted - fits)), fits)
+            shares[c.key] = Share(granted, max(0, min(to_come, granted - fits)))
     return shares
 
 
