@@ -196,6 +196,7 @@ def claim_node_full(seen: Observed) -> None:
     # the free GPU is on a node the claim's pod affinity keeps the replacement off: held
     held = seen.notes["held_condition"]
     assert (held.get("status"), held.get("reason")) == ("True", "WaitingForCapacity"), held
+    assert "no GPU is free for a replacement on a node its pods may use" in held["message"]
     assert seen.notes["pods_seen"] == [seen.notes["pod"]], "a replacement was surged"
     assert not {"PodReplacing", "PodRestarted"} & set(seen.notes["events_after"]), \
         seen.notes["events_after"]

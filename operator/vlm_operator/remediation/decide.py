@@ -145,8 +145,8 @@ def decide(request: PlanRequest) -> RemediationPlan:
                 REPLACE, Reason.ACT, f"{what}: Replace (it still serves and only {others} other "
                 f"pods are ready, spec.health.minAvailable={policy.min_available}): a "
                 "replacement comes up first", pod, incident.uid)
-        why = ("no GPU is free for a replacement" if r.spare_gpus is False
-               else "the free GPUs could not be read")
+        why = ("no GPU is free for a replacement on a node its pods may use"
+               if r.spare_gpus is False else "the free GPUs could not be read")
         return skip(Reason.MIN_AVAILABLE, f"removing {pod} would leave {others} ready pods, "
                     f"fewer than spec.health.minAvailable ({policy.min_available}), and {why}")
     return RemediationPlan(rule.action, Reason.ACT, f"{what}: {rule.action}", pod,
