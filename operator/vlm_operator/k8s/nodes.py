@@ -356,12 +356,6 @@ def plan_gpus(nodes: list[Node], free: dict[str, dict[str, int]], claims: list[C
     return shares
 
 
-def share_gpus(nodes: list[Node], free: dict[str, dict[str, int]],
-               claims: list[Claim]) -> dict[tuple[str, str], int]:
-    """Granted replicas per claim on the nodes there are (plan_gpus without growth)."""
-    return {key: share.granted for key, share in plan_gpus(nodes, free, claims).items()}
-
-
 def largest_free(nodes: list[Node], free: dict[str, dict[str, int]], resource: str = GPU_RESOURCE,
                  pod_spec: dict | None = None, beside: frozenset[str] | None = None) -> int:
     """The most units of `resource` free on one node a pod of `pod_spec` may go to (and, with
