@@ -109,6 +109,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number from 0 to 10000."""
+    if not text.isdigit() or int(text) > 10000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 10000")
+    return int(text)
+
+
 def _seconds_at_least(minimum: float):
     """An argparse type: a finite number of seconds, at least `minimum`."""
     def parse(text: str) -> float:
@@ -242,6 +249,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "crashLoopBackOff.maxContainerRestartPeriod where set); the kubelet "
                           "forgets a back-off after a run twice this long (default "
                           f"{KUBELET_BACKOFF.max_s:g})")
+    run.add_argument("--node-autoscaler-pending-gpus", type=_count, default=0, metavar="GPUS",
+                     help="a node autoscaler (cluster-autoscaler, Karpenter) adds GPU nodes for "
+                          "Pending pods: surges and Builtin scale-ups that fit no node are "
+                          "created Pending, leaving at most this many GPUs Pending in all; "
+                          "default 0: existing nodes only")
+    run.add_argument("--node-autoscaler-pending-gpus-per-deployment", type=_count, default=None,
+                     metavar="GPUS", help="of those, at most this many per VLMDeployment "
+                                          "(default: all of them)")
+    run.add_argument("--node-autoscaler-timeout-seconds", type=_seconds_at_least(1),
+                     default=900.0, metavar="SECONDS",
+                     help="how long a replica waits Pending for a node to come before the "
+                          "surge is given up or the scale-up given back; default 900")
     run.add_argument("--log-mark-seconds", type=_seconds_at_least(1), default=300.0,
                      help="at most one resume mark per followed pod this often (a pod "
                           "annotation, so a PATCH each: where a restarted operator resumes "

@@ -45,12 +45,14 @@ from vlm_operator.engine.reachability import PodReads
 from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
+from vlm_operator.k8s.nodes import Growth
 from vlm_operator.k8s.peering import Peering, get_identity
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
 from vlm_operator.reconcile.reconciler import Reconciler
 from vlm_operator.remediation.ladder import KubeletBackoff
 from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.steps import UNSCHEDULABLE_S
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
 from vlm_operator.runtime.sharding import Shard, ordinal
@@ -187,6 +189,17 @@ class Parts:
     periodic: Periodic  # not started yet
 
 
+def growth(args: argparse.Namespace) -> Growth | None:
+    """The GPU capacity a node autoscaler may add (`--node-autoscaler-*`); None: existing
+    nodes only."""
+    total = args.node_autoscaler_pending_gpus
+    if not total:
+        return None
+    per = args.node_autoscaler_pending_gpus_per_deployment
+    return Growth(total if per is None else min(per, total), total,
+                  args.node_autoscaler_timeout_seconds)
+
+
 def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, identity: str,
           peering_name: str, resync: Callable[[str, str], None]) -> Parts:
     """Make and wire the operator's objects in an order where each is complete when made (the
@@ -197,7 +210,7 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
     # watch-fed: nodes and GPU pods for the budget, managed pods for the rounds
     cluster = ClusterCache(kube, args.namespaces, watchdog, owns=shard.owns,
                            drain_markers=args.node_drain_markers)
-    budget = GpuBudget(cluster)
+    budget = GpuBudget(cluster, growth(args))
     peering = None if args.standalone else Peering(
         kube, peering_name, identity, args.priority, namespaced=bool(args.namespaces))
     heartbeats = Heartbeats()  # the log followers write the engine heartbeats, rounds read
@@ -215,7 +228,9 @@ def build(api: client.ApiClient, args: argparse.Namespace, *, shard: Shard, iden
         leaving_nodes=cluster.leaving_nodes,
         node_drain_wait_s=args.node_drain_wait_seconds,
         kubelet_backoff=KubeletBackoff(args.kubelet_backoff_seconds,
-                                       args.kubelet_max_backoff_seconds)).start()
+                                       args.kubelet_max_backoff_seconds),
+        unschedulable_limit_s=(budget.growth.timeout_s if budget.growth
+                               else UNSCHEDULABLE_S)).start()
     logwatch = LogWatch(kube, refresh, remediator, followers,
                         may_mark=peering.may_act if peering else None,
                         mark_every_s=args.log_mark_seconds, heartbeats=heartbeats)

@@ -232,6 +232,29 @@ def drain_slow_replacement(seen: Observed) -> None:
     assert seen.notes["in_flight_left"] == 0
 
 
+def claim_node_full(seen: Observed) -> None:
+    # the free GPU is on a node the claim's pod affinity keeps the replacement off: held
+    held = seen.notes["held_condition"]
+    assert (held.get("status"), held.get("reason")) == ("True", "WaitingForCapacity"), held
+    assert "no GPU is free for a replacement on a node its pods may use" in held["message"]
+    assert seen.notes["pods_seen"] == [seen.notes["pod"]], "a replacement was surged"
+    assert not {"PodReplacing", "PodRestarted"} & set(seen.notes["events_after"]), \
+        seen.notes["events_after"]
+    assert seen.notes["events_after"].get("RemediationSkipped") == 1
+    assert seen.touched == [] and seen.lowest_ready == 1
+
+
+def node_added_by_autoscaler(seen: Observed) -> None:
+    # the replacement waited Pending for the node the stand-in added, and serves there
+    assert seen.recovered_s is not None and seen.lowest_ready >= 1, "a serving gap"
+    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (1, 1), seen.events
+    assert not {"PodRestarted", "RemediationSkipped"} & set(seen.events), seen.events
+    assert len(seen.notes["nodes_added"]) == 1
+    assert "for a node the node autoscaler adds" in seen.notes["waiting_condition"]["message"]
+    assert seen.notes["pod_nodes"] == seen.notes["nodes_added"], seen.notes
+    said(seen, "tokenizer_retry", "Replace")
+
+
 def storms_two_pods_one_gpu(seen: Observed) -> None:
     assert seen.recovered_s is not None
     assert seen.notes["most_surges_at_once"] == 1, "two surges onto one free GPU"
@@ -319,6 +342,7 @@ CHECKS = {
     "hostile-tenant": hostile_tenant,
     "drain-gpu-free": drain_gpu_free, "drain-no-gpu": drain_no_gpu,
     "cordon-no-drain": cordon_no_drain, "drain-slow-replacement": drain_slow_replacement,
+    "claim-node-full": claim_node_full, "node-added-by-autoscaler": node_added_by_autoscaler,
     "storms-two-pods-one-gpu": storms_two_pods_one_gpu,
     "replace-under-load": replace_under_load, "scaledown-under-load": scale_down_under_load,
     "engine-dead-logging-prefix": dead(1), "previous-log-refused": previous_refused,

@@ -182,3 +182,21 @@ def test_render_refuses_a_metric_that_is_not_a_metric_name(tmp_path):
     assert result.returncode == 2 and result.stdout == "", result.stdout
     assert "  - spec.autoscaling.metric: " in result.stderr
     assert "team-b" not in result.stdout
+
+
+def test_node_autoscaler_capacity_is_off_unless_asked_and_bounded():
+    from vlm_operator.cli import build_parser
+    from vlm_operator.k8s.nodes import Growth
+    from vlm_operator.runner import growth
+
+    parser = build_parser()
+    assert growth(parser.parse_args(["run"])) is None  # existing nodes only
+    args = parser.parse_args(["run", "--node-autoscaler-pending-gpus", "8",
+                              "--node-autoscaler-pending-gpus-per-deployment", "2",
+                              "--node-autoscaler-timeout-seconds", "300"])
+    assert growth(args) == Growth(2, 8, 300.0)
+    assert growth(parser.parse_args(["run", "--node-autoscaler-pending-gpus", "4"])) == Growth(
+        4, 4, 900.0)
+    for bad in ("-1", "1.5", "lots"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "--node-autoscaler-pending-gpus", bad])

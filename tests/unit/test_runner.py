@@ -114,3 +114,20 @@ def test_with_peering_only_the_active_replica_acts_and_marks(parts, monkeypatch)
                         lambda ns, fresh=False: asked.append((ns, fresh)) or False)
     assert not parts.remediator.may_act("ns")
     assert asked == [("ns", True)]  # a remediation reads the peering object afresh
+
+
+@pytest.mark.parametrize("parts", [["--standalone", "--node-autoscaler-pending-gpus", "4",
+                                    "--node-autoscaler-timeout-seconds", "300"]],
+                         indirect=True)
+def test_node_autoscaler_capacity_reaches_the_budget_and_the_surges(parts):
+    from vlm_operator.k8s.nodes import Growth
+
+    assert parts.budget.growth == Growth(4, 4, 300.0)
+    assert parts.remediator.unschedulable_limit_s == 300.0
+
+
+def test_existing_nodes_only_by_default(parts):
+    from vlm_operator.remediation.steps import UNSCHEDULABLE_S
+
+    assert parts.budget.growth is None
+    assert parts.remediator.unschedulable_limit_s == UNSCHEDULABLE_S

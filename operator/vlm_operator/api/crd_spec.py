@@ -166,7 +166,10 @@ def spec() -> s.Schema:
                     "size": s.quantity("Size of the PVC the operator creates, e.g. 100Gi."),
                     "storageClassName": s.string("StorageClass of the created PVC."),
                     "accessModes": s.array(
-                        "Access modes of the created PVC.",
+                        "Access modes of the created PVC. ReadWriteOnce (the default): "
+                        "every replica is placed on the claim's node. ReadWriteOncePod: one "
+                        "pod at a time, so replicas and maxReplicas at most 1 and "
+                        "health.minAvailable 0 (no replacement surged beside a pod).",
                         s.string("An access mode.", enum=[
                             "ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany",
                             "ReadWriteOncePod"])),

@@ -185,6 +185,35 @@ def _cache_problems(spec: dict) -> list[str]:
     return problems
 
 
+def _one_pod_problems(spec: dict) -> list[str]:
+    """A ReadWriteOncePod claim is mounted by one pod at a time: a second replica, a surge
+    replacement beside a sick pod, or a rolling update's new pod beside the old one could never
+    start (Pending, or ContainerCreating with no error the operator sees). Refused: one
+    replica, and minAvailable 0, so a sick pod is restarted (deleted, then the new pod mounts
+    the claim) rather than replaced first."""
+    cache_spec = section(spec, "modelCache")
+    if "size" not in cache_spec or "ReadWriteOncePod" not in (cache_spec.get("accessModes")
+                                                              or []):
+        return []
+    why = ("with spec.modelCache.accessModes ReadWriteOncePod only one pod may mount the claim "
+           "at a time")
+    problems = []
+    replicas = spec.get("replicas")
+    if isinstance(replicas, int) and replicas > 1:
+        problems.append(f"spec.replicas: {replicas} replicas, but {why}; at most 1 (or use "
+                        "ReadWriteOnce or ReadWriteMany)")
+    scaling = section(spec, "autoscaling")
+    high = scaling.get("maxReplicas")
+    if scaling.get("enabled") and isinstance(high, int) and high > 1:
+        problems.append(f"spec.autoscaling.maxReplicas: {high}, but {why}; at most 1")
+    min_available = section(spec, "health").get("minAvailable")
+    if isinstance(min_available, int) and min_available > 0:
+        problems.append(f"spec.health.minAvailable: {min_available}, but {why}: a replacement "
+                        "surged beside a sick pod could never start; set 0 (a sick pod is "
+                        "restarted, deleted before its new pod starts)")
+    return problems
+
+
 def _cache_warnings(spec: dict) -> list[str]:
     warnings = []
     replicas = spec.get("replicas")
@@ -219,6 +248,7 @@ def validate(obj: Any, rules: admin_policy.AdminPolicy | None = None,
     spec = with_defaults(spec)
     _, version_problems, warnings = resolve_version(spec)
     problems += version_problems + engine_problems(spec) + _cache_problems(spec)
+    problems += _one_pod_problems(spec)
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") if isinstance(meta.get("name"), str) else ""

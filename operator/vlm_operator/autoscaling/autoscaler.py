@@ -21,10 +21,13 @@ removes when the replica count drops a moment later.
 Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
 pod names to remove first (empty by default; runner.py passes the log watcher's).
 
-Scale-ups are granted from the GPU budget (budget.py; k8s/nodes.share_gpus: replicas that fit
+Scale-ups are granted from the GPU budget (budget.py; k8s/nodes.plan_gpus: replicas that fit
 on one node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
 (k8s/caches.py), never from a LIST per round. A budget the caches cannot vouch for holds
-scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full.
+scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full. Where a
+node autoscaler adds GPU nodes (the budget's growth), replicas that fit no node are granted
+Pending (ScalingLimited=False, reason WaitingForNode, an Event) and given back when no node came
+in the provisioning timeout (reason NoNodeAdded).
 """
 
 from __future__ import annotations
@@ -48,12 +51,17 @@ from vlm_operator.desired import children, stopping
 from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache, Stale
 from vlm_operator.k8s.kube import Kube, now_iso
-from vlm_operator.k8s.nodes import Claim, largest_free, share_gpus
-from vlm_operator.k8s.pods import is_ready, parse_time
+from vlm_operator.k8s.nodes import Claim
+from vlm_operator.k8s.pods import is_ready, parse_time, unschedulable_s
 from vlm_operator.remediation import incidents, ladder
 
 log = logging.getLogger(__name__)
 CLAIM_FRESH_S = 15.0  # other VLMDeployments' claims older than this are ignored
+# why the budget changed a decision -> the reason status.autoscaling gives (waiting for a node
+# keeps the decision's own)
+LIMITED_REASONS = {"InsufficientGPUs": a.ScalingReason.SCALING_LIMITED,
+                   "NoNodeAdded": a.ScalingReason.SCALING_LIMITED,
+                   "GPUBudgetUnknown": a.ScalingReason.GPU_BUDGET_UNKNOWN}
 Key = tuple[str, str]
 
 
@@ -65,6 +73,7 @@ class _State:
     starts: starts.Starts = field(default_factory=starts.Starts)  # counted, and pods watched
     limited: tuple[str, str] | None = None  # (reason, message) while the budget holds a scale-up
     wrote_over: str | None = None  # resourceVersion of the view the last scale write came from
+    no_node_until: float = 0.0  # no wait for a node to come before this (one came too late)
 
 
 def metric_names(spec: dict) -> set[str]:
@@ -159,31 +168,52 @@ class Autoscaler:
                                           for p in items})
             return self._priorities[1].get(class_name, 0)
 
-    def _grant(self, vlmd: VLMDeployment, current: int, bound: int,
-               desired: int) -> tuple[int, tuple[str, str] | None]:
-        """Replicas granted, and (reason, text) when the budget held some back."""
-        key = (vlmd.namespace, vlmd.name)
-        claim = Claim(key, self._priority(vlmd), vlmd.spec["gpusPerReplica"], current, bound,
-                        desired, vlmd.spec["gpuResourceName"], placement(vlmd))
+    def _grant(self, vlmd: VLMDeployment, current: int, bound: int, desired: int,
+               stuck: int, state: _State, now: float) -> tuple[int, tuple[str, str] | None]:
+        """Replicas granted, and (reason, text) when the budget held some back, or some wait
+        for a node a node autoscaler adds. `stuck`: its Pending pods the scheduler has refused
+        for the budget's provisioning timeout: given back (the replicas drop by as many) and
+        no new wait for a node for one more timeout."""
+        key, priority = (vlmd.namespace, vlmd.name), self._priority(vlmd)
+        growth = self.budget.growth
+        try:
+            claim = self.budget.claim(vlmd, priority, current, bound, desired)
+        except Stale as exc:
+            claim, stale = Claim(key, priority, vlmd.spec["gpusPerReplica"], current, bound,
+                                 desired, vlmd.spec["gpuResourceName"], placement(vlmd)), exc
+        else:
+            stale = None
         with self._lock:
-            now = time.monotonic()
-            self._claims[key] = (claim, now)
-            fresh = [c for c, t in self._claims.values() if now - t <= CLAIM_FRESH_S]
+            self._claims[key] = (claim, time.monotonic())
+            fresh = [c for c, t in self._claims.values()
+                     if time.monotonic() - t <= CLAIM_FRESH_S]
+        if growth is not None and stuck:
+            state.no_node_until = now + growth.timeout_s
+            target = min(desired, current - stuck)
+            if target < current:
+                return target, ("NoNodeAdded", (
+                    f"no node came for {stuck} Pending replicas in the {growth.timeout_s:g} s "
+                    f"provisioning timeout (--node-autoscaler-timeout-seconds): back to "
+                    f"{target} replicas; no new wait for a node for {growth.timeout_s:g} s"))
         if desired <= current:  # scale-downs and holds need no budget
             return desired, None
         try:
-            nodes, free = self.budget.read()
+            if stale is not None:
+                raise stale
+            grant = self.budget.grant(fresh, key, now >= state.no_node_until)
         except Stale as exc:
             return current, ("GPUBudgetUnknown", f"the free GPUs are unknown ({exc}); holding "
                                                  f"{current} replicas until they are known")
-        granted = share_gpus(nodes, free, fresh)[key]
-        if granted >= desired:
-            return granted, None
-        most = largest_free(nodes, free, claim.resource, claim.pod_spec)
-        return granted, ("InsufficientGPUs", (
-            f"only {granted} of {desired} replicas fit the free GPUs ("
+        if grant.to_come:
+            return grant.granted, ("WaitingForNode", (
+                f"{grant.to_come} of {grant.granted} replicas fit no node now and wait for a "
+                f"node the node autoscaler adds (Pending, at most {growth.timeout_s:g} s)"))
+        if grant.granted >= desired:
+            return grant.granted, None
+        return grant.granted, ("InsufficientGPUs", (
+            f"only {grant.granted} of {desired} replicas fit the free GPUs ("
             f"{claim.gpus_per_replica} {claim.resource} per replica on one node its pods may "
-            f"use; the most free on one such node: {most})"))
+            f"use; the most free on one such node: {grant.most})"))
 
     # -- one round
     def tick(self, body: dict, pods: list[dict],
@@ -223,11 +253,15 @@ class Autoscaler:
                                              pods).values())
         bound = sum(1 for s, p in zip(samples, pods, strict=True)
                     if s.state != a.PENDING and p["metadata"]["uid"] not in surging)
-        granted, limited = self._grant(vlmd, current, bound, desired)
+        growth = self.budget.growth
+        stuck = sum(1 for s, p in zip(samples, pods, strict=True)
+                    if growth is not None and s.state == a.PENDING
+                    and p["metadata"]["uid"] not in surging
+                    and unschedulable_s(p, now) >= growth.timeout_s)
+        granted, limited = self._grant(vlmd, current, bound, desired, stuck, state, now)
         if limited is not None:
             message = f"{message}; {limited[1]}"
-            reason = a.ScalingReason.SCALING_LIMITED if limited[0] == "InsufficientGPUs" \
-                else a.ScalingReason.GPU_BUDGET_UNKNOWN
+            reason = LIMITED_REASONS.get(limited[0], reason)
             desired = granted
             limited = (limited[0], message)
         self._set_limited(body, state, limited)
@@ -283,7 +317,9 @@ class Autoscaler:
 
     def _set_limited(self, body: dict, state: _State, limited: tuple[str, str] | None) -> None:
         if limited and (state.limited is None or state.limited[0] != limited[0]):
-            self.kube.post_event(body, Event("Warning", "ScalingLimited", limited[1]))
+            self.kube.post_event(body, Event("Normal", "WaitingForNode", limited[1])
+                                 if limited[0] == "WaitingForNode"
+                                 else Event("Warning", "ScalingLimited", limited[1]))
         changed = (limited and limited[0]) != (state.limited and state.limited[0])
         state.limited = limited
         if changed:
@@ -321,8 +357,9 @@ class Autoscaler:
         state = self._states.get((namespace, name))
         if state is None:
             return []
-        if state.limited:
-            return [Report("ScalingLimited", "True", *state.limited)]
+        if state.limited:  # waiting for a node to come is no limit
+            return [Report("ScalingLimited", "False" if state.limited[0] == "WaitingForNode"
+                           else "True", *state.limited)]
         return [Report("ScalingLimited", "False", "WithinBudget",
                        "scale-ups fit the free GPUs")]
 

@@ -4,7 +4,8 @@
   resources) and whether they are leaving (a drain, the cluster autoscaler, Karpenter), and
   the pods bound to them that hold extended resources such as GPUs (PodUse): the
   GPU budget of the Builtin autoscaler and of surge replacements, and the node drains every
-  round looks for.
+  round looks for. With them, the managed pods no node holds yet (what the GPUs left Pending
+  for a node autoscaler are counted from; only those whose owner chain leads to the operator).
 - The managed vLLM pods, for every VLMDeployment's once-a-second round (runtime/rounds.py):
   only pods whose owner chain leads to a VLMDeployment (Kube.owned_pods), in the small form
   of pods.kept_pod.
@@ -34,7 +35,16 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api.names import INSTANCE_LABEL
 from vlm_operator.k8s.kube import Kube
-from vlm_operator.k8s.nodes import Leaving, Marker, Node, free_by_node, node_state, pod_use
+from vlm_operator.k8s.nodes import (
+    Leaving,
+    Marker,
+    Node,
+    PodUse,
+    free_by_node,
+    node_state,
+    pending_use,
+    pod_use,
+)
 from vlm_operator.k8s.pods import kept_pod
 from vlm_operator.metrics import CACHE_LISTS, CACHE_OBJECTS
 
@@ -51,6 +61,7 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 10.0
 IDLE_S = 600.0  # a namespace's managed-pod cache nobody asked for this long is stopped
 MANAGED = "app.kubernetes.io/managed-by=vlm-operator"
 BOUND_AND_RUNNING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNBOUND = "spec.nodeName=,status.phase=Pending"
 
 
 class Stale(RuntimeError):
@@ -258,6 +269,18 @@ class Informer:
                     del self._by[self._index(old)]
 
 
+def _keep_unbound(pod: dict) -> dict | None:
+    """An unbound managed pod: what its owner check reads, and what it asks for."""
+    use = pending_use(pod)
+    if use is None:
+        return None
+    meta = pod["metadata"]
+    return {"metadata": {k: meta[k] for k in ("namespace", "name", "uid", "ownerReferences")
+                         if k in meta} | {"labels": {
+                             INSTANCE_LABEL: (meta.get("labels") or {}).get(INSTANCE_LABEL, "")}},
+            "use": use}
+
+
 def _pod_key(pod: dict) -> tuple[str, str]:
     meta = pod["metadata"]
     return meta["namespace"], (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
@@ -302,10 +325,26 @@ class ClusterCache:
         return self._informer("gpu-pods", "/api/v1/pods", pod_use,
                               (("fieldSelector", BOUND_AND_RUNNING),))
 
-    def start_budget(self) -> None:
-        """Start the caches the GPU budget reads (without waiting for them)."""
+    def _unbound_pods(self) -> Informer:
+        return self._informer("unbound-gpu-pods", "/api/v1/pods", _keep_unbound,
+                              (("fieldSelector", UNBOUND), ("labelSelector", MANAGED)))
+
+    def start_budget(self, unbound: bool = False) -> None:
+        """Start the caches the GPU budget reads (without waiting for them); `unbound`: the
+        unbound managed pods too (read only where a node autoscaler adds nodes)."""
         self._nodes()
         self._gpu_pods()
+        if unbound:
+            self._unbound_pods()
+
+    def pod_uses(self) -> list[PodUse]:
+        """What the bound GPU pods hold, where; raises Stale."""
+        return self._gpu_pods().values()
+
+    def unbound_uses(self) -> list[PodUse]:
+        """What the managed pods no node holds yet ask for, of those whose owner chain leads to
+        the operator (node ""); raises Stale."""
+        return [pod["use"] for pod in self.kube.owned_pods(self._unbound_pods().values())]
 
     def budget(self) -> tuple[list[Node], dict[str, dict[str, int]]]:
         """Schedulable nodes and the extended resources free on each; raises Stale."""

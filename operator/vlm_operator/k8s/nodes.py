@@ -18,8 +18,11 @@ from vlm_operator.k8s.pods import is_ready
 # its pods may go to: their nodeSelector, required node affinity and tolerations (the pod
 # template's, desired/children.get_pod_template). Two nodes with one free GPU each hold no 2-GPU
 # replica.
-# Inter-pod (anti-)affinity and topology spread are not predicted: replicas they keep out stay
-# Pending, are seen as such and hold their claim.
+# A required pod affinity to the replica's own pods by hostname (the one desired/children.py adds
+# for a ReadWriteOnce cache claim: every replica on the claim's node) is predicted: replicas go
+# only to nodes that hold one of its pods, and all to one node while none is bound (see
+# `affinity_nodes`). Other inter-pod (anti-)affinity and topology spread are not predicted:
+# replicas they keep out stay Pending, are seen as such and hold their claim.
 
 class Taint(NamedTuple):
     key: str
@@ -37,10 +40,17 @@ class Node(NamedTuple):
 
 
 class PodUse(NamedTuple):
-    """Extended resources a pod bound to `node` holds."""
+    """Extended resources a pod bound to `node` holds, with what a pod affinity may select it
+    by: its namespace and its app.kubernetes.io/ labels (at most LABELS_KEPT of them)."""
 
     node: str
     requests: dict[str, int]
+    namespace: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+LABEL_PREFIX = "app.kubernetes.io/"  # the labels the operator's own pod affinity selects by
+LABELS_KEPT = 8
 
 
 def _extended(name: str) -> bool:
@@ -81,8 +91,27 @@ def pod_use(pod: dict) -> PodUse | None:
     node = spec.get("nodeName")
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    requests = pod_requests(spec)
-    return PodUse(node, requests) if requests else None
+    return _use(pod, node)
+
+
+def pending_use(pod: dict) -> PodUse | None:
+    """What a pod no node holds yet asks for (node ""): Pending, unbound, not being deleted,
+    requesting an extended resource; else None."""
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    if (spec.get("nodeName") or meta.get("deletionTimestamp")
+            or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
+        return None
+    return _use(pod, "")
+
+
+def _use(pod: dict, node: str) -> PodUse | None:
+    requests = pod_requests(pod.get("spec") or {})
+    if not requests:
+        return None
+    meta = pod.get("metadata") or {}
+    labels = sorted((k, v) for k, v in (meta.get("labels") or {}).items()
+                    if isinstance(k, str) and isinstance(v, str) and k.startswith(LABEL_PREFIX))
+    return PodUse(node, requests, str(meta.get("namespace") or ""), tuple(labels[:LABELS_KEPT]))
 
 
 def node_of(node: dict) -> Node | None:
@@ -253,6 +282,36 @@ def node_fits(pod_spec: dict, node: Node) -> bool:
                if t.effect in ("NoSchedule", "NoExecute"))
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def affinity_nodes(pod_spec: dict, namespace: str, labels: dict[str, str],
+                   uses: list[PodUse]) -> frozenset[str] | None:
+    """The nodes a pod of `pod_spec` (in `namespace`, labelled `labels`) may join under its
+    required pod affinity by hostname to pods like itself: those holding a bound pod its
+    selector matches. Empty: no such pod is bound, so the scheduler lets the first go to any
+    node and the others follow it (all on one node). None: no such term to predict.
+
+    Predicted are terms with topologyKey kubernetes.io/hostname whose selector is matchLabels
+    only, on app.kubernetes.io/ labels the pod itself carries, in its own namespace; others are
+    left to the scheduler."""
+    allowed: frozenset[str] | None = None
+    terms = (((pod_spec.get("affinity") or {}).get("podAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    for term in terms:
+        selector = term.get("labelSelector") or {}
+        wanted = selector.get("matchLabels") or {}
+        if (term.get("topologyKey") != HOSTNAME or selector.get("matchExpressions") or not wanted
+                or term.get("namespaces") not in (None, [], [namespace])
+                or any(not k.startswith(LABEL_PREFIX) or labels.get(k) != v
+                       for k, v in wanted.items())):
+            continue
+        here = frozenset(u.node for u in uses if u.namespace == namespace
+                         and all(dict(u.labels).get(k) == v for k, v in wanted.items()))
+        allowed = here if allowed is None else allowed & here
+    return allowed
+
+
 class Claim(NamedTuple):
     """One VLMDeployment's ask for GPUs; `bound` replicas already hold theirs."""
 
@@ -264,24 +323,66 @@ class Claim(NamedTuple):
     desired: int
     resource: str = GPU_RESOURCE
     pod_spec: dict | None = None  # nodeSelector, affinity, tolerations of its pods
+    beside: frozenset[str] | None = None  # affinity_nodes: None, any; empty, all on one node
 
 
-def share_gpus(nodes: list[Node], free: dict[str, dict[str, int]],
-               claims: list[Claim]) -> dict[tuple[str, str], int]:
-    """Granted replicas per claim: free GPUs go to higher priority first (ties by name), one
-    replica at a time onto the eligible node with the least room that still holds it (so
-    large replicas keep the large gaps).
+class Growth(NamedTuple):
+    """GPU capacity a node autoscaler adds (`vlm-operator run --node-autoscaler-*`): replicas
+    no node holds now may still be granted and left Pending for a node to come, while the GPUs
+    so left stay within `per_deployment` per VLMDeployment and `total` in all; such a replica
+    waits for its node at most `timeout_s`."""
+
+    per_deployment: int
+    total: int
+    timeout_s: float
+
+
+class Share(NamedTuple):
+    """A claim's grant: replicas granted, and how many of those no node holds now, left
+    Pending for a node the node autoscaler adds (0 without Growth)."""
+
+    granted: int
+    to_come: int
+
+
+def _together(c: Claim, eligible: list[str], left: dict[str, dict[str, int]], want: int,
+              need: int) -> list[str]:
+    """The one node a claim whose pods all go together (a pod affinity to its own pods, none
+    bound yet) is placed on: the one holding the most of `want`, then the least room."""
+    if not eligible or not want:
+        return eligible
+    room = {n: left[n].get(c.resource, 0) for n in eligible}
+    return [max(eligible, key=lambda n: (min(want, room[n] // need), -room[n], n))]
+
+
+def plan_gpus(nodes: list[Node], free: dict[str, dict[str, int]], claims: list[Claim],
+              growth: Growth | None = None, pending_elsewhere: int = 0) -> dict[
+                  tuple[str, str], Share]:
+    """Each claim's Share: free GPUs go to higher priority first (ties by name), one replica at
+    a time onto the eligible node with the least room that still holds it (so large replicas
+    keep the large gaps). Eligible: a node its pods may go to (node_fits) and, with a pod
+    affinity to its own pods (Claim.beside), one that holds one of them, or one node for all.
 
     Scale-downs and holds are always granted; a scale-up gets only replicas that fit, never
     below the current count (pods already asked for are left to the scheduler, and placed
     first: they take their GPUs when they bind).
+
+    With `growth`, the replicas that fit no node (pods already Pending first) are granted as
+    well, while the GPUs they leave Pending stay within growth.per_deployment for the claim and
+    growth.total for all, `pending_elsewhere` (GPUs Pending for VLMDeployments not among the
+    claims) included. A claim pinned by its pod affinity never grows: a new node holds none of
+    its pods.
     """
     left = {name: dict(res) for name, res in free.items()}
-    granted = {}
+    grow_left = growth.total - pending_elsewhere if growth is not None else 0
+    shares = {}
     for c in sorted(claims, key=lambda c: (-c.priority, c.key)):
         need = max(1, c.gpus_per_replica)
-        eligible = [n.name for n in nodes if n.name in left and node_fits(c.pod_spec or {}, n)]
+        eligible = [n.name for n in nodes if n.name in left and node_fits(c.pod_spec or {}, n)
+                    and (not c.beside or n.name in c.beside)]
         want, take = max(0, max(c.desired, c.current) - c.bound), 0
+        if c.beside is not None and not c.beside:
+            eligible = _together(c, eligible, left, want, need)
         while take < want:
             room = [(left[n].get(c.resource, 0), n) for n in eligible
                     if left[n].get(c.resource, 0) >= need]
@@ -289,16 +390,23 @@ def share_gpus(nodes: list[Node], free: dict[str, dict[str, int]],
                 break
             left[min(room)[1]][c.resource] -= need
             take += 1
+        to_come = 0
+        if growth is not None and c.beside is None and want > take:
+            to_come = min(want - take, growth.per_deployment // need, max(0, grow_left) // need)
+            grow_left -= to_come * need
+        fits = c.bound + take
         if c.desired <= c.current:
-            granted[c.key] = c.desired
+            shares[c.key] = Share(c.desired, min(to_come, max(0, c.desired - fits)))
         else:
-            granted[c.key] = max(c.current, min(c.desired, c.bound + take))
-    return granted
+            granted = max(c.current, min(c.desired, fits + to_come))
+            shares[c.key] = Share(granted, max(0, min(to_come, granted - fits)))
+    return shares
 
 
 def largest_free(nodes: list[Node], free: dict[str, dict[str, int]], resource: str = GPU_RESOURCE,
-                 pod_spec: dict | None = None) -> int:
-    """The most units of `resource` free on one node a pod of `pod_spec` may go to: the
-    largest replica that fits anywhere."""
+                 pod_spec: dict | None = None, beside: frozenset[str] | None = None) -> int:
+    """The most units of `resource` free on one node a pod of `pod_spec` may go to (and, with
+    `beside`, that holds one of its pods): the largest replica that fits anywhere."""
     return max((free.get(n.name, {}).get(resource, 0) for n in nodes
-                if node_fits(pod_spec or {}, n)), default=0)
+                if node_fits(pod_spec or {}, n) and (not beside or n.name in beside)),
+               default=0)

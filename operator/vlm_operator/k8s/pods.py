@@ -129,3 +129,14 @@ def kept_pod(pod: Mapping) -> dict:
     if refs:
         kept["ownerReferences"] = refs[:MAX_KEPT_OWNER_REFS]
     return {**pod, "metadata": kept}
+
+
+def unschedulable_s(pod: dict, now: float) -> float:
+    """How long the scheduler has refused this pod (0: it has not)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"):
+            since = parse_time(cond.get("lastTransitionTime"))
+            if since is not None:
+                return max(0.0, now - since)
+    return 0.0

@@ -35,7 +35,7 @@ from vlm_operator.remediation.incidents import (
     restarts_in_hour,
 )
 from vlm_operator.remediation.policy import IGNORE, HealthPolicy, Rule
-from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S
+from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S, UNSCHEDULABLE_S
 
 
 class Reason(enum.StrEnum):
@@ -154,8 +154,8 @@ def decide(request: PlanRequest) -> RemediationPlan:
                 REPLACE, Reason.ACT, f"{what}: Replace (it still serves and only {others} other "
                 f"pods are ready, spec.health.minAvailable={policy.min_available}): a "
                 "replacement comes up first", pod, incident.uid)
-        why = ("no GPU is free for a replacement" if r.spare_gpus is False
-               else "the free GPUs could not be read")
+        why = ("no GPU is free for a replacement on a node its pods may use"
+               if r.spare_gpus is False else "the free GPUs could not be read")
         return skip(Reason.MIN_AVAILABLE, f"removing {pod} would leave {others} ready pods, "
                     f"fewer than spec.health.minAvailable ({policy.min_available}), and {why}")
     return RemediationPlan(rule.action, Reason.ACT, f"{what}: {rule.action}", pod,
@@ -164,9 +164,11 @@ def decide(request: PlanRequest) -> RemediationPlan:
 
 def remediating_report(in_flight: Mapping[str, InFlight],
                        held: Iterable[tuple[Incident, RemediationPlan]], now: float | None = None,
-                       node_drain_wait_s: float = NODE_DRAIN_WAIT_S) -> Report:
+                       node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
+                       unschedulable_limit_s: float = UNSCHEDULABLE_S) -> Report:
     """Remediating: True while an action is under way or an incident is held back (and why),
-    so `kubectl describe` says what the operator is waiting for."""
+    so `kubectl describe` says what the operator is waiting for; a surge that may wait longer
+    than UNSCHEDULABLE_S for its node (a node autoscaler's, `unschedulable_limit_s`) says so."""
     parts, reason = [], None
     for record in sorted(in_flight.values(), key=lambda r: r.pod):
         why = (f"its node {record.node} is being drained" if record.signature == NODE_DRAIN
@@ -186,7 +188,10 @@ def remediating_report(in_flight: Mapping[str, InFlight],
         elif record.action == REPLACE:
             reason = reason or "ReplacingPod"
             parts.append(f"replacing {record.pod} ({why}): waiting for a replacement to "
-                         "become ready")
+                         "become ready" + (
+                             f" (or, where no node has a GPU free, up to "
+                             f"{unschedulable_limit_s:g} s for a node the node autoscaler adds)"
+                             if unschedulable_limit_s > UNSCHEDULABLE_S else ""))
         else:
             reason = reason or "DrainingPod"
             parts.append(f"draining {record.pod} ({record.signature}) before removing it")

@@ -20,7 +20,7 @@ from vlm_operator.api.names import IN_FLIGHT
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
-from vlm_operator.k8s.pods import is_active, is_running, parse_time
+from vlm_operator.k8s.pods import is_active, is_running, unschedulable_s
 from vlm_operator.remediation import actions, drains, events, guards, steps
 from vlm_operator.remediation.incidents import (
     MAX_IN_FLIGHT,
@@ -242,7 +242,8 @@ class InFlightDriver:
             draining=leaving is not None and node in leaving and leaving[node].drain,
             spare_gpus=spare, now=now,
             timeout_s=rem.replace_timeout_s, drain_timeout_s=rem.drain_timeout_s,
-            node_drain_wait_s=rem.node_drain_wait_s)
+            node_drain_wait_s=rem.node_drain_wait_s,
+            unschedulable_limit_s=rem.unschedulable_limit_s)
         if step == Step.WAIT:
             return False
         if step in (Step.TAKE_OUT, Step.LET_GO):
@@ -372,14 +373,3 @@ class _At:
 
     def rem_args(self, driver: InFlightDriver) -> tuple:
         return driver.rem, self.owner, self.record, self.pods, self.pod, self.now
-
-
-def unschedulable_s(pod: dict, now: float) -> float:
-    """How long the scheduler has refused this pod (0: it has not)."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
-                and cond.get("reason") == "Unschedulable"):
-            since = parse_time(cond.get("lastTransitionTime"))
-            if since is not None:
-                return max(0.0, now - since)
-    return 0.0

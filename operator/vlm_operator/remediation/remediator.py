@@ -69,7 +69,8 @@ class Remediator:
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
                  node_drain_wait_s: float = steps.NODE_DRAIN_WAIT_S,
-                 kubelet_backoff: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF) -> None:
+                 kubelet_backoff: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF,
+                 unschedulable_limit_s: float = steps.UNSCHEDULABLE_S) -> None:
         """`reconcile(ns, name)` publishes status (Reconciler.refresh, logs its own errors);
         `may_act(ns)`: whether this replica acts (k8s/peering.py; None: it runs alone);
         `replica_fits(vlmd, pending)`: one more replica fits the free GPUs after `pending`
@@ -78,7 +79,8 @@ class Remediator:
         `plugin_loaded(uid)`: the engine plugin's startup line is in its current container's log
         (it can act on an in-place restart request); `gpu_error(uid)`: its last GPU fault;
         `leaving_nodes()`: node name -> why it leaves, and whether a drain (raises Stale when
-        unknown; None: not looked for); `kubelet_backoff`: the nodes' crash-loop back-off."""
+        unknown; None: not looked for); `kubelet_backoff`: the nodes' crash-loop back-off;
+        `unschedulable_limit_s`: a surge's wait for a node."""
         self.kube = kube
         self.reconcile = reconcile
         self.may_act = may_act or (lambda namespace: True)
@@ -88,6 +90,7 @@ class Remediator:
         self.drain_timeout_s = drain_timeout_s
         self.replace_timeout_s = replace_timeout_s
         self.node_drain_wait_s = node_drain_wait_s
+        self.unschedulable_limit_s = unschedulable_limit_s
         self._owners: dict[Key, Owner] = {}
         self._lock = threading.Lock()
         self.stopped = threading.Event()
@@ -392,7 +395,8 @@ class Remediator:
             return []
         out = [remediating_report(
             owner.in_flight, [(owner.open[k], d) for k, d in owner.held.items()
-                              if k in owner.open], time.time(), self.node_drain_wait_s)]
+                              if k in owner.open], time.time(), self.node_drain_wait_s,
+            self.unschedulable_limit_s)]
         budget = guards.budget_report(owner.history, time.time(), owner.policy)
         return [*out, budget] if budget else out
 

@@ -112,7 +112,8 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
                  timeout_s: float = REPLACE_TIMEOUT_S,
                  drain_timeout_s: float = DRAIN_TIMEOUT_S,
                  node_drain_wait_s: float = NODE_DRAIN_WAIT_S,
-                 min_drain_s: float = DRAIN_MIN_S) -> Step:
+                 min_drain_s: float = DRAIN_MIN_S,
+                 unschedulable_limit_s: float = UNSCHEDULABLE_S) -> Step:
     """The next step of a Replace, from what the cluster shows now:
 
     - the pod is gone: FINISH (the caller waits until it has `settled`);
@@ -125,7 +126,8 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
       minAvailable (drain first); ABANDON at once when spec.replicas went below the count it
       began with (HPA, KEDA, a user: the ReplicaSet removes the newest, not-ready pod first,
       the replacement); GIVE_UP when the scheduler refuses the replacement for
-      UNSCHEDULABLE_S or none is ready in timeout_s (the startup probe's budget); else WAIT,
+      unschedulable_limit_s (UNSCHEDULABLE_S; with a node autoscaler, its provisioning
+      timeout) or none is ready in timeout_s (the startup probe's budget); else WAIT,
       past the node drain wait too: a replacement on its way is waited for, since letting the
       pod go before it serves would leave nothing ready;
     - no surge (a node drain waiting for capacity): DROP when the others now keep
@@ -153,7 +155,7 @@ def replace_step(*, record: InFlight, present: bool, serves: bool, running: floa
             return Step.TAKE_OUT
         if replicas < record.replicas and not replacement_ready:
             return Step.ABANDON
-        if unschedulable_s >= UNSCHEDULABLE_S or now - record.since >= timeout_s:
+        if unschedulable_s >= unschedulable_limit_s or now - record.since >= timeout_s:
             return Step.GIVE_UP
         return Step.WAIT
     if not protected:

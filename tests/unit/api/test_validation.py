@@ -337,3 +337,17 @@ def test_a_custom_logging_config_is_a_warning():
     assert [w.split(";")[0] for w in vlmd.warnings] == [
         "spec.vllm.env[0]: VLLM_LOGGING_CONFIG_PATH replaces vLLM's log format"]
     assert "LogDetectionOff=True" in vlmd.warnings[0]
+
+
+def test_a_read_write_once_pod_claim_takes_one_pod_and_no_surge():
+    one_pod = {"size": "10Gi", "accessModes": ["ReadWriteOncePod"]}
+    found = problems_of(cr(replicas=2, modelCache=one_pod, health={"minAvailable": 1},
+                           autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3}))
+    for field in ("spec.replicas: 2", "spec.autoscaling.maxReplicas: 3",
+                  "spec.health.minAvailable: 1"):
+        assert any(p.startswith(field) and "ReadWriteOncePod" in p for p in found), found
+    assert problems_of(cr(replicas=1, modelCache=one_pod, health={"minAvailable": 0})) == []
+    # the default minAvailable (1) surges a replacement beside a sick pod: refused too
+    assert any(p.startswith("spec.health.minAvailable: 1")
+               for p in problems_of(cr(replicas=1, modelCache=one_pod)))
+    assert problems_of(cr(replicas=2, modelCache={"size": "10Gi"})) == []  # ReadWriteOnce

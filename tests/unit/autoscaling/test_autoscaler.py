@@ -12,6 +12,7 @@ from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
 from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.engine.reader import Scrape
 from vlm_operator.k8s import nodes as gpu_budget
+from vlm_operator.k8s.pods import parse_time, rfc3339
 from vlm_operator.remediation import incidents, ladder
 from vlm_operator.remediation.incidents import REPLACE
 
@@ -41,7 +42,7 @@ class Kube:
 
 
 class Cluster:
-    def start_budget(self):
+    def start_budget(self, unbound=False):
         pass
 
 
@@ -222,3 +223,45 @@ def test_a_fresh_autoscaler_never_takes_a_pods_age_for_its_start():
     scaler.tick(kube.body, [flapped, starting], {"a": IDLE})
     (entry,) = kube.statuses[-1]["autoscaling"]["pendingReplicas"]
     assert "expectedReadyTime" not in entry and entry["expected"].startswith("unknown")
+
+
+class FullNode(Budget):
+    """One node with no GPU free, no pod of another VLMDeployment Pending."""
+
+    def __init__(self):
+        super().__init__(free=0)
+
+    def unbound_uses(self):
+        return []
+
+
+def test_a_scale_up_waits_for_a_node_and_is_given_back_past_the_provisioning_timeout():
+    now = parse_time("2026-01-01T01:00:00Z")
+    body = vlmd(2, "1")
+    kube = Kube(body)
+    growth = gpu_budget.Growth(per_deployment=4, total=4, timeout_s=300.0)
+    scaler = Autoscaler(kube, clock=lambda: now, budget=GpuBudget(FullNode(), growth))
+    busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
+    pods = [pod("a"), pod("b")]
+    for _ in range(3):
+        decision = scaler.tick(body, pods, {"a": busy, "b": busy})
+    assert ("scale", 3) in kube.calls and decision.desired == 3
+    (report,) = scaler.reports("ns", "m")
+    assert (report.status, report.reason) == ("False", "WaitingForNode")
+    assert "wait for a node the node autoscaler adds" in report.message
+    # the ReplicaSet made c; no node came for it in the provisioning timeout
+    body = vlmd(3, "2")
+    waiting = pod("c", ready=False, started=False)
+    waiting["spec"] = {}
+    waiting["status"] = {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": rfc3339(now - 300)}]}
+    kube.calls.clear()
+    decision = scaler.tick(body, [*pods, waiting], {"a": busy, "b": busy})
+    assert decision.desired == 2 and decision.reason == "ScalingLimited"
+    assert ("mark", "c") in kube.calls  # the Pending replica leaves first
+    assert scaler.reports("ns", "m")[0].reason == "NoNodeAdded"
+    # gone: no new wait for a node for one more timeout
+    kube.calls.clear()
+    decision = scaler.tick(vlmd(2, "3"), pods, {"a": busy, "b": busy})
+    assert ("scale", 3) not in kube.calls and decision.desired == 2

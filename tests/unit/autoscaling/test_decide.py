@@ -243,6 +243,11 @@ def test_a_marker_on_a_node_not_cordoned_is_a_drain_too():
         gpu_budget.parse_markers(",".join(f"k{i}" for i in range(33)))
 
 
+def share_gpus(nodes, free, claims):
+    """Granted replicas per claim on the nodes there are (plan_gpus without growth)."""
+    return {key: share.granted for key, share in gpu_budget.plan_gpus(nodes, free, claims).items()}
+
+
 def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):
     return gpu_budget.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
 
@@ -250,24 +255,24 @@ def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spe
 def test_replicas_fit_on_one_node_not_across_nodes():
     # the issue's case: two nodes with one free GPU each hold no 2-GPU replica
     nodes, free = budget([node("a", 1), node("b", 1)])
-    assert gpu_budget.share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
+    assert share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
     assert gpu_budget.largest_free(nodes, free) == 1
     nodes, free = budget([node("a", 1), node("b", 3)])
-    assert gpu_budget.share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
+    assert share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
 
 
 def test_best_fit_keeps_the_large_gap_for_the_large_replica():
     nodes, free = budget([node("a", 2), node("b", 1)])
     claims = [claim("small", 10, 2, gpus=1), claim("big", 0, 2, gpus=2)]
-    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "small"): 2, ("ns", "big"): 2}
+    assert share_gpus(nodes, free, claims) == {("ns", "small"): 2, ("ns", "big"): 2}
 
 
 def test_share_gpus_by_priority():
     nodes, free = budget([node("a", 3)])
     claims = [claim("low", 0, 4), claim("high", 10, 4)]
-    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
+    assert share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 1}
     nodes, free = budget([node("a", 5)])
-    assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
+    assert share_gpus(nodes, free, claims) == {("ns", "high"): 4, ("ns", "low"): 3}
 
 
 def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
@@ -275,24 +280,24 @@ def test_share_gpus_counts_pending_pods_and_gpus_per_replica():
     claims = [claim("big", 5, 5, current=3, bound=1, gpus=2), claim("small", 0, 2)]
     for gpus, want in ((4, (3, 1)), (9, (5, 2)), (8, (5, 1))):
         nodes, free = budget([node("a", gpus)])
-        assert gpu_budget.share_gpus(nodes, free, claims) == {("ns", "big"): want[0],
+        assert share_gpus(nodes, free, claims) == {("ns", "big"): want[0],
                                                      ("ns", "small"): want[1]}
 
 
 def test_share_gpus_never_blocks_scale_down_or_hold():
     nodes, free = budget([node("a", 0)])
     held = claim("x", 0, 1, current=3, bound=3)
-    assert gpu_budget.share_gpus(nodes, free, [held]) == {("ns", "x"): 1}
+    assert share_gpus(nodes, free, [held]) == {("ns", "x"): 1}
     pending = claim("x", 0, 3, current=3, bound=1)
-    assert gpu_budget.share_gpus(nodes, free, [pending]) == {("ns", "x"): 3}
+    assert share_gpus(nodes, free, [pending]) == {("ns", "x"): 3}
 
 
 def test_mig_and_other_resource_names_count_only_themselves():
     nodes, free = budget([node("a", 8, **{MIG: "2"}), node("b", 0, **{"amd.com/gpu": "4"})])
     mig = claim("m", 0, 5, current=0, bound=0, resource=MIG)
-    assert gpu_budget.share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
+    assert share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
     amd = claim("r", 0, 5, current=0, bound=0, gpus=2, resource="amd.com/gpu")
-    assert gpu_budget.share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
+    assert share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
     assert gpu_budget.largest_free(nodes, free, MIG) == 2
 
 
@@ -308,7 +313,7 @@ def spec_of(**scheduling):
 def grant(nodes, pod_spec, desired=3):
     views, free = budget(nodes)
     new = claim("x", 0, desired, current=0, bound=0, pod_spec=pod_spec)
-    return gpu_budget.share_gpus(views, free, [new])[("ns", "x")]
+    return share_gpus(views, free, [new])[("ns", "x")]
 
 
 def test_node_selector_and_required_affinity_limit_the_nodes():
@@ -350,7 +355,7 @@ def test_taints_need_tolerations():
 def test_one_claim_gets_exactly_what_fits_per_node(gpus, per_replica, desired):
     nodes, free = budget([node(f"n{i}", g) for i, g in enumerate(gpus)])
     fits = sum(g // per_replica for g in gpus)
-    got = gpu_budget.share_gpus(nodes, free, [claim("x", 0, desired, current=0, bound=0,
+    got = share_gpus(nodes, free, [claim("x", 0, desired, current=0, bound=0,
                                            gpus=per_replica)])[("ns", "x")]
     assert got == min(desired, fits)
 

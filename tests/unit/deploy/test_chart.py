@@ -91,6 +91,19 @@ def test_the_node_drain_wait_reaches_the_operator(helm):
         "--set", "nodeDrainMarkers={medik8s.io/drain,example.com/maintenance=drain}")
 
 
+def test_the_node_autoscaler_capacity_reaches_the_operator(helm):
+    def args(*sets):
+        (dep,) = find(template(*sets), "Deployment")
+        return [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+                if a.startswith("--node-autoscaler")]
+
+    assert args() == []  # existing nodes only
+    assert args("--set", "nodeAutoscaler.pendingGpus=8",
+                "--set", "nodeAutoscaler.pendingGpusPerDeployment=2") == [
+        "--node-autoscaler-pending-gpus=8", "--node-autoscaler-pending-gpus-per-deployment=2",
+        "--node-autoscaler-timeout-seconds=900"]
+
+
 def test_args_name_each_watched_namespace(helm):
     (dep,) = find(template(*VARIANTS["namespaced"]), "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -214,3 +214,31 @@ def test_nodes_feed_the_budget_and_the_leaving_nodes():
         assert {n: v.drain for n, v in leaving.items()} == {"b": False, "c": True, "d": True}
     finally:
         cache.stop()
+
+
+def test_unbound_managed_pods_are_counted_only_when_ours():
+    def pending(uid, gpus, owner="ours"):
+        pod = obj(uid, "1", **{"app.kubernetes.io/instance": "m"})
+        pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": owner,
+                                               "controller": True, "uid": owner}]
+        pod["spec"] = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+        pod["status"] = {"phase": "Pending"}
+        return pod
+
+    class Owners(Kube):
+        def owned_pods(self, pods):
+            """The owner check reads what the cache kept: the controller reference."""
+            return [p for p in pods if p["metadata"]["ownerReferences"][0]["name"] == "ours"]
+
+    page = {"items": [pending("p1", 2), pending("p2", 1, owner="theirs"), pending("p3", 0)],
+            "metadata": {"resourceVersion": "1"}}
+    kube = Owners([page], [])
+    cache = ClusterCache(kube)
+    try:
+        (use,) = cache.unbound_uses()  # p2's owner chain is not ours; p3 asks for no GPU
+        assert (use.node, use.requests, use.namespace) == ("", {"nvidia.com/gpu": 2}, "ns")
+        assert dict(use.labels)["app.kubernetes.io/instance"] == "m"
+        assert (kube.queries[0]["fieldSelector"], kube.queries[0]["labelSelector"]) == (
+            caches.UNBOUND, caches.MANAGED)
+    finally:
+        cache.stop()

@@ -136,6 +136,14 @@ def test_remediating_report():
     assert remediating_report({}, [(incident(), budget)]).reason == "RestartBudgetExhausted"
 
 
+def test_a_surge_that_may_wait_for_a_new_node_says_so():
+    plain = remediating_report({"u": record(REPLACE)}, [])
+    assert "node autoscaler" not in plain.message  # existing nodes only: 60 s, then given up
+    r = remediating_report({"u": record(REPLACE)}, [], unschedulable_limit_s=300.0)
+    assert r.reason == "ReplacingPod"
+    assert "up to 300 s for a node the node autoscaler adds" in r.message
+
+
 def test_remediating_report_says_what_a_node_drain_waits_for():
     r = remediating_report({"u": drain_record()}, [], NOW + 10, node_drain_wait_s=30)
     assert (r.status, r.reason) == ("True", "WaitingForCapacity")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .bed import DRAIN_WAIT_S, LOGGING_PREFIX
+from .capacity import claim_node_full, node_added_by_autoscaler
 from .cluster_faults import existing_service, hostile_tenant, previous_log_refused, unreachable
 from .engine_faults import (
     crash_loop,
@@ -114,6 +115,12 @@ ROWS = [
         f"{SLOW_PULL_S} s image pull on a fresh node), under load",
         replacement_slower_than_the_drain_wait, probes=False, own_operator=True,
         must_not="no serving gap: the replacement is waited for past the drain wait"),
+    Row("claim-node-full", "retry storm on the only replica, its ReadWriteOnce cache claim's "
+        "node full, a GPU free on another node", claim_node_full, probes=False,
+        must_not="held (WaitingForCapacity): no replacement surged, no restart budget spent"),
+    Row("node-added-by-autoscaler", "retry storm on the only replica, no GPU free; a node "
+        "autoscaler adds a node for the Pending replacement", node_added_by_autoscaler,
+        probes=False, own_operator=True),
     Row("storms-two-pods-one-gpu", "retry storms on both of 2 pods, minAvailable 2, one GPU "
         "free", storms_on_two_pods_one_gpu, probes=False),
     Row("replace-under-load", "retry storm on the only replica (a GPU free), steady load",
