@@ -186,7 +186,7 @@ def test_render_refuses_a_metric_that_is_not_a_metric_name(tmp_path):
 
 def test_node_autoscaler_capacity_is_off_unless_asked_and_bounded():
     from vlm_operator.cli import build_parser
-    from vlm_operator.k8s.nodes import Growth
+    from vlm_operator.k8s.gpu_plan import Growth
     from vlm_operator.runner import growth
 
     parser = build_parser()

@@ -120,7 +120,7 @@ def test_with_peering_only_the_active_replica_acts_and_marks(parts, monkeypatch)
                                     "--node-autoscaler-timeout-seconds", "300"]],
                          indirect=True)
 def test_node_autoscaler_capacity_reaches_the_budget_and_the_surges(parts):
-    from vlm_operator.k8s.nodes import Growth
+    from vlm_operator.k8s.gpu_plan import Growth
 
     assert parts.budget.growth == Growth(4, 4, 300.0)
     assert parts.remediator.unschedulable_limit_s == 300.0

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from vlm_operator.k8s.caches import Informer, Stale
+from vlm_operator.k8s.informer import Informer, Stale
 from vlm_operator.k8s.kube import Kube
 
 SYNC_S = 1.0

@@ -21,7 +21,7 @@ removes when the replica count drops a moment later.
 Failure signatures from log watching come in through `failing_pods(namespace, name)`, a set of
 pod names to remove first (empty by default; runner.py passes the log watcher's).
 
-Scale-ups are granted from the GPU budget (budget.py; k8s/nodes.plan_gpus: replicas that fit
+Scale-ups are granted from the GPU budget (budget.py; k8s/gpu_plan.plan_gpus: replicas that fit
 on one node their pods may use), read from watch-fed caches of Nodes and GPU-holding pods
 (k8s/caches.py), never from a LIST per round. A budget the caches cannot vouch for holds
 scale-ups (ScalingLimited, reason GPUBudgetUnknown): unknown is neither free nor full. Where a
@@ -47,13 +47,15 @@ from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.autoscaling import starts
 from vlm_operator.autoscaling.budget import GpuBudget, placement
+from vlm_operator.autoscaling.pod_states import fenced, pod_state, removed_elsewhere
 from vlm_operator.desired import children, stopping
 from vlm_operator.engine import reader
-from vlm_operator.k8s.caches import ClusterCache, Stale
+from vlm_operator.k8s.caches import ClusterCache
+from vlm_operator.k8s.gpu_plan import Claim
+from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.kube import Kube, now_iso
-from vlm_operator.k8s.nodes import Claim
-from vlm_operator.k8s.pods import is_ready, parse_time, unschedulable_s
-from vlm_operator.remediation import incidents, ladder
+from vlm_operator.k8s.pods import parse_time, unschedulable_s
+from vlm_operator.remediation import incidents
 
 log = logging.getLogger(__name__)
 CLAIM_FRESH_S = 15.0  # other VLMDeployments' claims older than this are ignored
@@ -81,20 +83,6 @@ def metric_names(spec: dict) -> set[str]:
     return {"vllm:request_success_total", "vllm:mm_cache_queries_total",
             "vllm:kv_cache_usage_perc", *reader.IN_FLIGHT_METRICS, spec["autoscaling"]["metric"]}
 
-
-
-def _pod_state(pod: dict) -> str:
-    """READY: its /metrics say its load (an unreadable one is UNKNOWN). That includes a pod
-    whose container started and runs but is not Ready (a failing readiness probe, the node
-    controller marking an unreachable node's pods): requests may be in flight there, so it is
-    never "loading", which a drain would count as drained at once."""
-    st = pod.get("status") or {}
-    ready = is_ready(pod)
-    started = any(c.get("started") and "running" in (c.get("state") or {})
-                  for c in st.get("containerStatuses") or [])
-    if st.get("podIP") and (ready or started):
-        return a.READY
-    return a.LOADING if (pod.get("spec") or {}).get("nodeName") else a.PENDING
 
 
 def _none_failing(namespace: str, name: str) -> set[str]:
@@ -126,11 +114,11 @@ class Autoscaler:
         name = pod["metadata"]["name"]
         created = parse_time(pod["metadata"].get("creationTimestamp")) or 0.0
         base = dict(name=name, created=created, failing=name in failing)
-        if _fenced(pod):  # recovering in place: no load to read, back once it is Ready
+        if fenced(pod):  # recovering in place: no load to read, back once it is Ready
             return a.PodSample(state=a.LOADING, fenced=True, **base)
-        pod_state = _pod_state(pod)
-        if pod_state != a.READY:
-            return a.PodSample(state=pod_state, **base)
+        seen = pod_state(pod)
+        if seen != a.READY:
+            return a.PodSample(state=seen, **base)
         if reading is None or reading.values is None:
             metrics.AUTOSCALER_SCRAPE_ERRORS.labels(vlmd.namespace, vlmd.name).inc()
             return a.PodSample(state=a.UNKNOWN, **base)  # capacity, load unknown (not zero)
@@ -237,7 +225,7 @@ class Autoscaler:
             return None
         self.budget.start()  # current by the time a scale-up needs it
         pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
-                and not _removed_elsewhere(p)]
+                and not removed_elsewhere(p)]
         failing = self._failing(vlmd)  # once a round, not once a pod
         samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state, failing)
                    for p in pods]
@@ -267,7 +255,7 @@ class Autoscaler:
         self._set_limited(body, state, limited)
         self._act(vlmd, samples, current, desired, pods, now, state,
                   meta.get("resourceVersion"))
-        starting = [p for p in pods if not _fenced(p)]  # a fence is no start of a new replica
+        starting = [p for p in pods if not fenced(p)]  # a fence is no start of a new replica
         state.starts = starts.seen_starts(state.starts, starting)
         pending = starts.pending_replicas(starting, state.starts.seen)
         self._record(vlmd, decision, samples, current, desired, reason, message, state, pending)
@@ -338,9 +326,9 @@ class Autoscaler:
             if s.state == a.READY))
         metrics.AUTOSCALER_DESIRED.labels(ns, name).set(desired)
         metrics.AUTOSCALER_CURRENT.labels(ns, name).set(current)
-        for pod_state in (a.READY, a.UNKNOWN, a.LOADING, a.PENDING):
-            metrics.AUTOSCALER_READY.labels(ns, name, pod_state).set(
-                sum(1 for s in samples if s.state == pod_state))
+        for kind in (a.READY, a.UNKNOWN, a.LOADING, a.PENDING):
+            metrics.AUTOSCALER_READY.labels(ns, name, kind).set(
+                sum(1 for s in samples if s.state == kind))
         metrics.AUTOSCALER_DECISIONS.labels(ns, name, reason).inc()
         said = (desired, reason, tuple(tuple(sorted(p.items())) for p in pending))
         if state.last == said:
@@ -380,17 +368,6 @@ class Autoscaler:
         self._states.pop((namespace, name), None)
         with self._lock:
             self._claims.pop((namespace, name), None)
-
-
-def _fenced(pod: dict) -> bool:
-    return ladder.parse_fence(pod["metadata"].get("annotations")) is not None
-
-
-def _removed_elsewhere(pod: dict) -> bool:
-    """Out of the Service, but not by this autoscaler nor fenced: remediation is removing it."""
-    labels = pod["metadata"].get("labels") or {}
-    return labels.get(children.IN_SERVICE_LABEL) == "false" and \
-        a.draining_since(pod) is None and not _fenced(pod)
 
 
 def put_out_of_service(kube: Kube, namespace: str, pod: str, since: float | None) -> None:

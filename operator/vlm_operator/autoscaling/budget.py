@@ -22,7 +22,8 @@ from vlm_operator.api.names import INSTANCE_LABEL
 from vlm_operator.api.validation import VLMDeployment
 from vlm_operator.desired import children
 from vlm_operator.k8s.caches import ClusterCache
-from vlm_operator.k8s.nodes import Claim, Growth, Node, affinity_nodes, largest_free, plan_gpus
+from vlm_operator.k8s.gpu_plan import Claim, Growth, largest_free, plan_gpus
+from vlm_operator.k8s.nodes import Node, affinity_nodes
 
 
 def placement(vlmd: VLMDeployment) -> dict:

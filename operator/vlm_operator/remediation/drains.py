@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
-from vlm_operator.k8s.caches import Stale
+from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.remediation import actions, events, guards
 from vlm_operator.remediation.incidents import (

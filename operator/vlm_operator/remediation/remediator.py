@@ -25,9 +25,17 @@ from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.metrics import REMEDIATIONS
-from vlm_operator.remediation import actions, drains, events, guards, ladder, steps, suspect
+from vlm_operator.remediation import (
+    actions,
+    drains,
+    events,
+    guards,
+    ladder,
+    outcomes,
+    steps,
+    suspect,
+)
 from vlm_operator.remediation.decide import (
-    GUARDS,
     PlanRequest,
     Reason,
     RemediationPlan,
@@ -52,7 +60,7 @@ from vlm_operator.remediation.incidents import (
     stamp,
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
-from vlm_operator.remediation.policy import RESTART, backoff_s, health_policy_from_spec
+from vlm_operator.remediation.policy import RESTART, health_policy_from_spec
 from vlm_operator.remediation.recovery import Recovery
 
 log = logging.getLogger(__name__)
@@ -249,11 +257,11 @@ class Remediator:
             try:
                 self._act(case, plan)
             except ApiException as exc:
-                self._failed(case, exc, attempts)
+                outcomes.failed(self.kube, case, exc, attempts)
                 return False
             owner.backoff.pop(incident.uid, None)
             return True
-        self._hold(case, plan)
+        outcomes.hold(self.kube, self.reconcile, case, plan)
         return False
 
     def _gather(self, case: Case) -> PlanRequest:
@@ -281,25 +289,6 @@ class Remediator:
             backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
             health=health, spare_gpus=spare)
 
-    def _hold(self, case: Case, plan: RemediationPlan) -> None:
-        """A plan that does not act: held (told once), kept open (in progress), or closed."""
-        namespace, name, owner, incident = case.namespace, case.name, case.owner, case.incident
-        key = (incident.uid, incident.key)
-        was_held = key in owner.held
-        if plan.holds:
-            owner.held = {**owner.held, key: plan}
-            self._tell_held(case, plan)
-            return
-        if plan.reason in GUARDS:
-            owner.skip_once(key, plan.reason, incident)
-        if plan.reason == Reason.IN_PROGRESS:  # kept open: decided again if the action ends
-            owner.held = {k: v for k, v in owner.held.items() if k != key}
-        else:
-            log.info("%s/%s: %s", namespace, name, plan.message)
-            owner.close(key)
-        if was_held:
-            self.reconcile(namespace, name)  # Remediating no longer says it waits
-
     def spare_gpus(self, owner: Owner, pending: int) -> bool | None:
         """Whether one more replica fits the free GPUs once the `pending` claims of this
         VLMDeployment (pods not yet on a node, surges not yet made) took theirs."""
@@ -310,26 +299,6 @@ class Remediator:
         except Exception as exc:  # unknown is not zero, and not plenty either
             log.info("free GPUs unknown: %s", exc)
             return None
-
-    def _tell_held(self, case: Case, plan: RemediationPlan) -> None:
-        """A held incident: the metric, an Event and lastRemediation once per reason."""
-        owner, incident = case.owner, case.incident
-        key = (incident.uid, incident.key)
-        if (key, incident.first, plan.reason) in owner.told:
-            return
-        owner.skip_once(key, plan.reason, incident)
-        events.held(self.kube, case.namespace, case.name, case.pod, incident, plan.message,
-                    case.body)
-        self.reconcile(case.namespace, case.name)
-
-    def _failed(self, case: Case, exc: ApiException, attempts: int) -> None:
-        """An action's API call failed: back off, keep the incident open, say so."""
-        owner, incident = case.owner, case.incident
-        until = time.time() + backoff_s(attempts + 1)
-        owner.backoff[incident.uid] = (attempts + 1, until)
-        owner.open = {**owner.open, (incident.uid, incident.key): incident}
-        events.failed(self.kube, case.namespace, case.name, case.pod, incident, exc, until,
-                      case.body)
 
     # -- executing
     def _act(self, case: Case, plan: RemediationPlan) -> None:

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.engine.fairpool import FairPool
-from vlm_operator.k8s.caches import Stale
+from vlm_operator.k8s.informer import Stale
 from vlm_operator.metrics import RECONCILES, ROUNDS
 from vlm_operator.runtime.watchdog import ROUND_PREFIX, Watchdog, round_loop
 

@@ -8,9 +8,11 @@ import pytest
 
 from vlm_operator.api.names import FENCE
 from vlm_operator.autoscaling import decide as a
-from vlm_operator.autoscaling.autoscaler import Autoscaler, _pod_state
+from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.autoscaling.budget import GpuBudget
+from vlm_operator.autoscaling.pod_states import pod_state
 from vlm_operator.engine.reader import Scrape
+from vlm_operator.k8s import gpu_plan
 from vlm_operator.k8s import nodes as gpu_budget
 from vlm_operator.k8s.pods import parse_time, rfc3339
 from vlm_operator.remediation import incidents, ladder
@@ -87,8 +89,8 @@ def test_a_stale_view_is_read_afresh_not_acted_on_again():
 
 
 def test_a_running_pod_that_is_not_ready_is_read_not_loading():
-    assert _pod_state(pod("loading", ready=False, started=False)) == a.LOADING
-    assert _pod_state(pod("unready", ready=False, started=True)) == a.READY
+    assert pod_state(pod("loading", ready=False, started=False)) == a.LOADING
+    assert pod_state(pod("unready", ready=False, started=True)) == a.READY
     # so an unreadable one is UNKNOWN, never drained at once or picked to go
     kube = Kube(vlmd(2, "1"))
     scaler = Autoscaler(kube, clock=lambda: 1000.0, budget=GpuBudget(Cluster()))
@@ -239,7 +241,7 @@ def test_a_scale_up_waits_for_a_node_and_is_given_back_past_the_provisioning_tim
     now = parse_time("2026-01-01T01:00:00Z")
     body = vlmd(2, "1")
     kube = Kube(body)
-    growth = gpu_budget.Growth(per_deployment=4, total=4, timeout_s=300.0)
+    growth = gpu_plan.Growth(per_deployment=4, total=4, timeout_s=300.0)
     scaler = Autoscaler(kube, clock=lambda: now, budget=GpuBudget(FullNode(), growth))
     busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
     pods = [pod("a"), pod("b")]

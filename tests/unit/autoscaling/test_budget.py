@@ -5,8 +5,8 @@ import pytest
 
 from vlm_operator.api.validation import parse
 from vlm_operator.autoscaling.budget import GpuBudget
-from vlm_operator.k8s import nodes
-from vlm_operator.k8s.caches import Stale
+from vlm_operator.k8s import gpu_plan, nodes
+from vlm_operator.k8s.informer import Stale
 
 
 class OneNode:
@@ -128,7 +128,7 @@ def test_affinity_nodes_predicts_only_the_pods_own_hostname_affinity():
 
 def growth():
     """2 GPUs Pending at most per VLMDeployment, 3 in all."""
-    return nodes.Growth(per_deployment=2, total=3, timeout_s=600.0)
+    return gpu_plan.Growth(per_deployment=2, total=3, timeout_s=600.0)
 
 
 def test_growth_grants_replicas_no_node_holds_within_its_bounds():

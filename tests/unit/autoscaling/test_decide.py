@@ -10,6 +10,7 @@ from vlm_operator.api.validation import parse
 from vlm_operator.autoscaling import decide as a
 from vlm_operator.desired import autoscaler_objects as ab
 from vlm_operator.desired import children
+from vlm_operator.k8s import gpu_plan
 from vlm_operator.k8s import nodes as gpu_budget
 
 POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=8, target=5, scale_down_delay_s=60,
@@ -245,18 +246,18 @@ def test_a_marker_on_a_node_not_cordoned_is_a_drain_too():
 
 def share_gpus(nodes, free, claims):
     """Granted replicas per claim on the nodes there are (plan_gpus without growth)."""
-    return {key: share.granted for key, share in gpu_budget.plan_gpus(nodes, free, claims).items()}
+    return {key: share.granted for key, share in gpu_plan.plan_gpus(nodes, free, claims).items()}
 
 
 def claim(name, prio, desired, current=1, bound=1, gpus=1, resource=GPU, pod_spec=None):
-    return gpu_budget.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
+    return gpu_plan.Claim(("ns", name), prio, gpus, current, bound, desired, resource, pod_spec)
 
 
 def test_replicas_fit_on_one_node_not_across_nodes():
     # the issue's case: two nodes with one free GPU each hold no 2-GPU replica
     nodes, free = budget([node("a", 1), node("b", 1)])
     assert share_gpus(nodes, free, [claim("x", 0, 2, gpus=2)]) == {("ns", "x"): 1}
-    assert gpu_budget.largest_free(nodes, free) == 1
+    assert gpu_plan.largest_free(nodes, free) == 1
     nodes, free = budget([node("a", 1), node("b", 3)])
     assert share_gpus(nodes, free, [claim("x", 0, 3, gpus=2)]) == {("ns", "x"): 2}
 
@@ -298,7 +299,7 @@ def test_mig_and_other_resource_names_count_only_themselves():
     assert share_gpus(nodes, free, [mig]) == {("ns", "m"): 2}
     amd = claim("r", 0, 5, current=0, bound=0, gpus=2, resource="amd.com/gpu")
     assert share_gpus(nodes, free, [amd]) == {("ns", "r"): 2}
-    assert gpu_budget.largest_free(nodes, free, MIG) == 2
+    assert gpu_plan.largest_free(nodes, free, MIG) == 2
 
 
 def spec_of(**scheduling):

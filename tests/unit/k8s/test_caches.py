@@ -1,4 +1,4 @@
-"""caches.Informer on a stand-in apiserver: LIST then WATCH, events applied in order, a
+"""informer.Informer on a stand-in apiserver: LIST then WATCH, events applied in order, a
 410 relists, a watch that RBAC forbids falls back to polling, and a cache that cannot vouch
 for what it holds raises Stale."""
 
@@ -11,7 +11,9 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api import names
 from vlm_operator.desired import children
 from vlm_operator.k8s import caches
-from vlm_operator.k8s.caches import ClusterCache, Informer, Stale
+from vlm_operator.k8s import informer as informers
+from vlm_operator.k8s.caches import ClusterCache
+from vlm_operator.k8s.informer import Informer, Stale
 from vlm_operator.k8s.nodes import parse_markers
 
 from ..waiting import wait_until
@@ -108,7 +110,7 @@ def test_watch_events_change_what_is_held():
 
 
 def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
-    monkeypatch.setattr(caches, "POLL_S", 0.01)
+    monkeypatch.setattr(informers, "POLL_S", 0.01)
     page = {"items": [obj("a", "1")], "metadata": {"resourceVersion": "1"}}
     kube = Kube([page], [ApiException(status=403, reason="Forbidden")])
     informer = Informer(kube, "test", "/api/v1/pods", keep).start()
@@ -119,7 +121,7 @@ def test_forbidden_watch_polls_and_never_listed_is_stale(monkeypatch, caplog):
     finally:
         informer.stop()
 
-    monkeypatch.setattr(caches, "SYNC_WAIT_S", 0.05)
+    monkeypatch.setattr(informers, "SYNC_WAIT_S", 0.05)
     failing = Kube([], [])
     failing.list_page = lambda path, query: (_ for _ in ()).throw(
         ApiException(status=None, reason="no answer"))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vlm_operator.engine import reader
-from vlm_operator.k8s.caches import Stale
+from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.remediation import steps
 from vlm_operator.remediation.incidents import (
@@ -101,6 +101,7 @@ def test_a_cordon_alone_never_lets_the_last_serving_replica_go():
     bed.nodes = {"n1": DRAIN}
     bed.round()
     assert bed.records["uid-a"].node_since is not None
+    time.sleep(0.002)  # node_since is kept rounded to the millisecond: maybe just ahead of now
     assert not bed.step()
     assert [c[0] for c in bed.acted()] == ["patch_pod"]  # out of the Service to drain
     assert "NodeDrainWaitExpired" in bed.events()
