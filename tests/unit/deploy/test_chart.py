@@ -516,12 +516,13 @@ def test_own_objects_policy_decisions(helm, operation, old_labels, new_labels, u
                   "oldObject": obj(old_labels) if operation != "CREATE" else None}
     (condition,) = policy["spec"]["matchConditions"]
     matched = _cel(condition["expression"], **activation)
-    labelled, _ = policy["spec"]["validations"]
+    labelled = policy["spec"]["validations"][0]
     assert (not matched or _cel(labelled["expression"], **activation)) is allowed
 
 
-def _deployment_allowed(policy, template_spec, operation="CREATE"):
-    obj = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+def _deployment_allowed(policy, template_spec, operation="CREATE", namespace="ns"):
+    obj = {"metadata": {"namespace": namespace,
+                        "labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
            "spec": {"template": {"spec": template_spec}}}
     activation = {"request": {"operation": operation, "resource": {"resource": "deployments"},
                               "userInfo": {"username": "x"}},
@@ -529,16 +530,20 @@ def _deployment_allowed(policy, template_spec, operation="CREATE"):
     return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
 
 
-def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
-    """A leaked operator token may write Deployments, but none whose pods get host access or a
-    token: the pod template the builders make passes, each escalation is refused."""
+def _our_pod_spec(**spec) -> dict:
     from vlm_operator.api.validation import parse
     from vlm_operator.desired import children
 
-    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
     vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
-                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m"}})
-    ours = children.get_pod_template(vlmd)["spec"]
+                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m", **spec}})
+    return children.get_pod_template(vlmd)["spec"]
+
+
+def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
+    """A leaked operator token may write Deployments, but none whose pods get host access or a
+    token: the pod template the builders make passes, each escalation is refused."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec()
     assert _deployment_allowed(policy, ours)
     vllm = ours["containers"][0]
     escalations = [
@@ -554,6 +559,95 @@ def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
     ]
     assert [_deployment_allowed(policy, spec) for spec in escalations] == [False] * 10
     assert _deployment_allowed(policy, {}, operation="DELETE")  # deleting ours stays allowed
+
+
+TOKEN_VOLUME = {"name": "t", "projected": {"sources": [{"serviceAccountToken": {
+    "path": "token", "expirationSeconds": 3600}}]}}
+
+
+def test_own_objects_policy_refuses_pods_that_carry_another_accounts_token(helm):
+    """A leaked operator token cannot write a labelled Deployment whose pods carry a token it
+    could read back through pods/log: no projected ServiceAccount token, no Secret volume or
+    envFrom, no ServiceAccount but the namespace's default or one the admin listed."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec()
+    vllm = ours["containers"][0]
+    # a labelled Deployment in kube-system running as a controller's account, with its token
+    attack = {**ours, "serviceAccountName": "clusterrole-aggregation-controller",
+              "volumes": [*ours["volumes"], TOKEN_VOLUME]}
+    assert not _deployment_allowed(policy, attack, namespace="kube-system")
+    refused = [
+        {**ours, "volumes": [*ours["volumes"], TOKEN_VOLUME]},
+        {**ours, "volumes": [*ours["volumes"], {"name": "t", "projected": {"sources": [
+            {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]},
+        {**ours, "volumes": [*ours["volumes"], {"name": "s", "secret": {
+            "secretName": "clusterrole-aggregation-controller-token-x"}}]},
+        {**ours, "containers": [{**vllm, "envFrom": [{"secretRef": {"name": "s"}}]}]},
+        {**ours, "serviceAccountName": "clusterrole-aggregation-controller"},
+        {**ours, "serviceAccount": "clusterrole-aggregation-controller"},  # the old field
+        _our_pod_spec(serviceAccountName="model-reader"),  # not listed by the admin
+    ]
+    assert [_deployment_allowed(policy, spec) for spec in refused] == [False] * len(refused)
+    assert _deployment_allowed(policy, {**ours, "serviceAccountName": "default"})
+    assert _deployment_allowed(policy, _our_pod_spec(hfTokenSecretRef={"name": "hf"}))
+    (listed,) = find(template(*VAP_API, "--set", "rbac.podServiceAccounts={model-reader}"),
+                     "ValidatingAdmissionPolicy")
+    assert _deployment_allowed(listed, _our_pod_spec(serviceAccountName="model-reader"))
+    assert not _deployment_allowed(listed, _our_pod_spec(serviceAccountName="other"))
+    assert not _deployment_allowed(listed, {
+        **_our_pod_spec(serviceAccountName="model-reader"),
+        "volumes": [*ours["volumes"], TOKEN_VOLUME]})
+
+
+@pytest.mark.parametrize("image", [
+    "reg.example/vllm", "reg.example/vllm:v1", "reg.example/vllm/x:v1", "reg.example/vllm@sha256:0",
+    "reg.example/vllm-evil:v1", "reg.example/vl", "busybox", "docker.io/library/busybox:1",
+    "mirror.example/base:1", "mirror.example/base", "mirror.example/ba"])
+def test_own_objects_policy_images_follow_the_operators_image_rule(helm, image):
+    """With policy.allowedImagePrefixes set, the policy allows exactly the images the operator's
+    own check (admin_policy.image_allowed) allows, in every container and init container."""
+    from vlm_operator.api.admin_policy import image_allowed
+
+    prefixes = ("reg.example/vllm", "mirror.example/")
+    (policy,) = find(template(*VAP_API, "--set", "policy.allowedImagePrefixes={"
+                                                 + ",".join(prefixes) + "}"),
+                     "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec(image="reg.example/vllm:v1", vllmVersion="0.20.2")
+    vllm = ours["containers"][0]
+    assert _deployment_allowed(policy, ours)
+    expected = image_allowed(image, prefixes)
+    assert _deployment_allowed(
+        policy, {**ours, "containers": [{**vllm, "image": image}]}) is expected
+    assert _deployment_allowed(
+        policy, {**ours, "initContainers": [{"name": "i", "image": image}]}) is expected
+
+
+def test_own_objects_policy_without_image_prefixes_allows_any_image(helm):
+    """As the operator: no prefixes, any image (spec.image is the tenant's to choose)."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec(image="busybox", vllmVersion="0.20.2")
+    assert _deployment_allowed(policy, ours)
+
+
+def test_own_objects_policy_never_lets_a_pods_spec_change(helm):
+    """The operator patches pods' labels and annotations only; a leaked token cannot swap the
+    image of a running pod of ours."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+            "spec": _our_pod_spec()}
+
+    def update_allowed(new):
+        activation = {"request": {"operation": "UPDATE", "resource": {"resource": "pods"},
+                                  "userInfo": {"username": "x"}},
+                      "object": new, "oldObject": ours}
+        return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
+
+    relabelled = {"metadata": {"labels": {**ours["metadata"]["labels"], "x": "y"},
+                               "annotations": {"a": "b"}}, "spec": ours["spec"]}
+    assert update_allowed(relabelled)
+    vllm = ours["spec"]["containers"][0]
+    swapped = {**ours, "spec": {**ours["spec"], "containers": [{**vllm, "image": "busybox"}]}}
+    assert not update_allowed(swapped)
 
 
 def test_security_doc_names_every_policy_and_rbac_value():
