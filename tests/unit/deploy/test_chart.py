@@ -242,6 +242,10 @@ def test_helm_test_pod_curls_the_metrics_service(helm):
     ("shards=0", "shards"),
     ("networkPolicy.namespaces={Team}", "networkPolicy.namespaces.0"),
     ("networkPolicy.enable=true", "networkPolicy"),
+    ("operatorNetworkPolicy.metricsNamespaces={Monitoring}",
+     "operatorNetworkPolicy.metricsNamespaces.0"),
+    ("operatorNetworkPolicy.metricsFrom=x", "operatorNetworkPolicy"),
+    ("rbac.podServiceAccounts={Bad_Name}", "rbac.podServiceAccounts.0"),
 ])
 def test_schema_rejects_bad_values(helm, bad, field):
     result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad],
@@ -256,10 +260,10 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
     them, from the release's namespace) to vLLM's port."""
     from vlm_operator.desired import children
 
-    assert not find(template(), "NetworkPolicy")
-    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy")
+    assert not find(template(), "NetworkPolicy", "rel-vlm-operator-reads")
+    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy", "rel-vlm-operator-reads")
     docs = template(*VARIANTS["network-policy"], namespace="ops")
-    policies = find(docs, "NetworkPolicy")
+    policies = find(docs, "NetworkPolicy", "rel-vlm-operator-reads")
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     (dep,) = find(docs, "Deployment")
     operator_labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -276,10 +280,72 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
         assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
         assert rule["ports"] == [{"protocol": "TCP", "port": children.PORT}]
     cluster_wide = template("--set", "networkPolicy.enabled=true,networkPolicy.namespaces={x}")
-    assert [p["metadata"]["namespace"] for p in find(cluster_wide, "NetworkPolicy")] == ["x"]
+    assert [p["metadata"]["namespace"] for p in find(
+        cluster_wide, "NetworkPolicy", "rel-vlm-operator-reads")] == ["x"]
     refused = subprocess.run([helm, "template", "rel", str(CHART), "--set",
                               "networkPolicy.enabled=true"], capture_output=True, text=True)
     assert refused.returncode != 0 and "networkPolicy.namespaces" in refused.stderr
+
+
+def _operator_policy(docs: list[dict]) -> dict:
+    (policy,) = find(docs, "NetworkPolicy", "rel-vlm-operator-ingress")
+    (operator,) = find(docs, "Deployment") + find(docs, "StatefulSet")
+    assert policy["metadata"]["namespace"] == operator["metadata"]["namespace"]
+    labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress: the apiserver, the pods
+    return policy
+
+
+def test_the_operators_own_pods_admit_nothing_by_default(helm):
+    """By default the operator's metrics and liveness ports take no connection from any pod;
+    only `helm test`'s pod, in the release's namespace, reaches the metrics port. (The kubelet's
+    probe comes from the node, which NetworkPolicy does not filter in most CNIs.)"""
+    docs = template(namespace="ops")
+    policy = _operator_policy(docs)
+    (test_pod,) = find(docs, "Pod")
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # the release's namespace only
+    assert peer["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+    (operator,) = find(docs, "Deployment")
+    assert not peer["podSelector"]["matchLabels"].items() <= operator["spec"]["template"][
+        "metadata"]["labels"].items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+    without_test = _operator_policy(template("--set", "metrics.service.enabled=false"))
+    assert without_test["spec"]["ingress"] == []
+    assert not find(template("--set", "operatorNetworkPolicy.enabled=false"), "NetworkPolicy")
+    sharded = template("--set", "shards=3")
+    _operator_policy(sharded)  # selects the StatefulSet's pods too
+
+
+def test_the_operators_metrics_admit_the_monitoring_namespace(helm):
+    """Prometheus from the namespaces the admin names (optionally only its pods) reaches the
+    metrics port, and nothing else: not the liveness port, not any other namespace."""
+    docs = template("--set", "operatorNetworkPolicy.metricsNamespaces={monitoring,obs},"
+                             "metrics.port=9191,livenessPort=8181")
+    rules = _operator_policy(docs)["spec"]["ingress"]
+    scrapes = [r for r in rules if "namespaceSelector" in r["from"][0]]
+    assert [r["from"] for r in scrapes] == [
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}]
+        for ns in ("monitoring", "obs")]
+    assert all(r["ports"] == [{"protocol": "TCP", "port": 9191}] for r in rules)
+    narrowed = _operator_policy(template(
+        "--set", "operatorNetworkPolicy.metricsNamespaces={monitoring},"
+                 "operatorNetworkPolicy.metricsPodLabels.app\\.kubernetes\\.io/name=prometheus"))
+    (scrape,) = [r for r in narrowed["spec"]["ingress"] if "namespaceSelector" in r["from"][0]]
+    assert scrape["from"] == [{  # one peer: that namespace AND those pods
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_the_kubectl_install_isolates_the_operator_too():
+    """manifests/install.yaml (the chart's defaults) carries the same policy."""
+    docs = [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
+    (policy,) = find(docs, "NetworkPolicy", "vlm-operator-ingress")
+    assert policy["metadata"]["namespace"] == "vlm-system"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
 
 
 def test_chart_crds_match_the_definition():
@@ -658,8 +724,12 @@ def test_security_doc_names_every_policy_and_rbac_value():
     for key, default in values["policy"].items():
         assert f"`policy.{key}`" in security and f"`policy.{key}`" in install
         assert not default  # all off by default, as both documents say
-    for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly"):
+    for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly", "podServiceAccounts"):
         assert f"rbac.{key}" in security + install
+    assert values["operatorNetworkPolicy"]["enabled"]  # the operator's ports: closed by default
+    for key in ("enabled", "metricsNamespaces", "metricsPodLabels"):
+        assert f"`operatorNetworkPolicy.{key}`" in security, key
+    assert "`operatorNetworkPolicy.enabled`" in install
     assert not values["networkPolicy"]["enabled"]
     assert "`networkPolicy.enabled`" in security and "`networkPolicy.enabled`" in install
     assert "label-selected watch is not an RBAC" in security.replace("\n", " ")
