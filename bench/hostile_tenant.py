@@ -8,11 +8,14 @@ holds these shapes from before the row starts to its end:
   with a label value that never closes;
 - `flood`: 1 pod logging 50,000 ordinary INFO lines a second (from when the row's own pods
   serve, for FLOOD_SECONDS);
-- `forged`: its VLMDeployment's in-flight annotation holds 2,800 forged records (209 KB);
+- `forged`: its VLMDeployment's in-flight annotation holds 2,800 forged records (231 KB);
 - `nested-history`, `nested-in-flight`: 200 KB of `[` in the restart-history and in-flight
   annotations;
 - 20 busybox-like pods labelled as `line`'s (`app.kubernetes.io/instance` and the rest) with no
   owner, logging, each with 250 KB of annotations.
+
+The third tenant has a node of its own and a pod quota (POD_QUOTA), as a shared cluster gives
+it: what its shapes make the operator do must not reach the row only through the scheduler.
 
 The other tree is by default OLD_REF (main before the tenant-isolation fixes), extracted with
 `git archive` into a temporary directory at run time; --old-src names a directory instead.
@@ -74,6 +77,7 @@ FORGED_RECORDS = 2_800
 NESTED_BYTES = 200_000
 FOREIGN_PODS = 20
 FOREIGN_ANNOTATION_BYTES = 250_000
+POD_QUOTA = 40  # the third tenant's own 26 pods, and room for a few more
 NODE_LABEL = "bench.vlm-operator.dev/tenant"
 COMMAND = "VLM_TESTBED_POD_NET=<n> .venv/bin/python bench/hostile_tenant.py [--preliminary NOTE]"
 
@@ -117,6 +121,11 @@ class Tenant:
 
     def start(self) -> Tenant:
         t = self.bed
+        # a tenant's pod quota, as shared clusters set one: without it the old code's surge
+        # for the forged records (2,800 Pending pods) swamps the scheduler and the row cannot
+        # even start its own pods
+        self.core.create_namespaced_resource_quota(t.ns, {
+            "metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(POD_QUOTA)}}})
         for name, replicas in (("line", 2), ("flood", 1)):
             t.create(name, replicas=replicas, **self.placed)
         line = 'vllm:num_requests_running{model_name="'
