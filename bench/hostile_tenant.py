@@ -77,7 +77,7 @@ FORGED_RECORDS = 2_800
 NESTED_BYTES = 200_000
 FOREIGN_PODS = 20
 FOREIGN_ANNOTATION_BYTES = 250_000
-POD_QUOTA = 40  # the third tenant's own 26 pods, and room for a few more
+POD_QUOTA = 40  # the third tenant's own 26 pods (foreign ones first), and room for a few more
 NODE_LABEL = "bench.vlm-operator.dev/tenant"
 COMMAND = "VLM_TESTBED_POD_NET=<n> .venv/bin/python bench/hostile_tenant.py [--preliminary NOTE]"
 
@@ -134,16 +134,6 @@ class Tenant:
             t.fault(pod, {"fault": "huge_metrics", "line": line, "bytes": len(line),
                           "length": True})
         (self.flood_pod,) = t.wait_ready("flood", 1)
-        forged = forged_in_flight(time.time())
-        self.notes.update(metrics_line_bytes=len(line), forged_records=FORGED_RECORDS,
-                          forged_bytes=len(forged))
-        for name, values in (("forged", {IN_FLIGHT: forged}),
-                             ("nested-history", {HISTORY: "[" * NESTED_BYTES}),
-                             ("nested-in-flight", {IN_FLIGHT: "[" * NESTED_BYTES})):
-            t.create(name, replicas=1, **self.placed)
-            t.custom.patch_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, t.ns, crd.PLURAL, name,
-                {"metadata": {"annotations": values}})
         for i in range(FOREIGN_PODS):
             self.core.create_namespaced_pod(t.ns, {
                 "apiVersion": "v1", "kind": "Pod",
@@ -152,6 +142,16 @@ class Tenant:
                 "spec": {"nodeSelector": {NODE_LABEL: t.ns}, "containers": [{
                     "name": children.CONTAINER, "image": "busybox:1.36",
                     "command": ["sh", "-c", "while :; do echo foreign; sleep 1; done"]}]}})
+        forged = forged_in_flight(time.time())
+        self.notes.update(metrics_line_bytes=len(line), forged_records=FORGED_RECORDS,
+                          forged_bytes=len(forged))
+        for name, values in (("nested-history", {HISTORY: "[" * NESTED_BYTES}),
+                             ("nested-in-flight", {IN_FLIGHT: "[" * NESTED_BYTES}),
+                             ("forged", {IN_FLIGHT: forged})):
+            t.create(name, replicas=1, **self.placed)
+            t.custom.patch_namespaced_custom_object(
+                crd.GROUP, crd.VERSION, t.ns, crd.PLURAL, name,
+                {"metadata": {"annotations": values}})
         return self
 
     def flood(self) -> None:
@@ -170,9 +170,15 @@ class Tenant:
                                           **(p.metadata.labels or {})})]
         deployment = client.AppsV1Api(t.api).list_namespaced_deployment(
             t.ns, field_selector="metadata.name=forged").items
-        flood_log = self.core.read_namespaced_pod_log(
-            self.flood_pod.metadata.name, t.ns, tail_lines=20) if self.flood_pod else ""
-        done = [x for x in flood_log.splitlines() if "log_flood: " in x]
+        # the flood's last lines: `flood <n>` numbers them from 0, so the rate it kept
+        tail = self.core.read_namespaced_pod_log(self.flood_pod.metadata.name, t.ns,
+                                                 tail_lines=5).splitlines()
+        read_at = time.time()
+        done = [x for x in tail if "log_flood: " in x]
+        numbers = [int(x.rsplit(" ", 1)[1]) for x in tail if x.rsplit(" ", 2)[-2:-1] == ["flood"]]
+        if numbers and "flood_started" in self.notes and not done:
+            self.notes["flood_lines_per_s"] = round(
+                (max(numbers) + 1) / (read_at - self.notes["flood_started"]))
         return {**self.notes,
                 "foreign_written": written,
                 "foreign_deleted": sum(1 for p in foreign
@@ -258,7 +264,7 @@ def _row(op: OperatorProcess, bed: Bed, name: str) -> dict:
         watch = DeathWatch(bed, tenant.flood)
         watch.start()
         seen = hostile_tenant(bed, None).as_dict()
-    except AssertionError as exc:  # a setup step timed out: record it
+    except (AssertionError, ApiException) as exc:  # a setup step failed: record it
         seen = {"recovered_s": None, "error": str(exc)[:300]}
     if watch is not None:
         watch.done.set()
@@ -346,6 +352,7 @@ def main() -> int:
             rows.append(run(cp, api, name, src))
             print(json.dumps(rows[-1]), flush=True)
     out = {"bench": "hostile_tenant", "rows": rows, "memory_limit_mib": MEMORY_LIMIT_MIB,
+           "old_ref": None if args.old_src else args.old_ref,
            "preliminary": args.preliminary or None,
            "shapes": {"metrics_line_bytes": METRICS_LINE_BYTES, "flood_lines_per_s": FLOOD_RATE,
                       "flood_seconds": FLOOD_SECONDS, "forged_records": FORGED_RECORDS,
@@ -368,7 +375,10 @@ def markdown(out: dict) -> str:
     if out.get("preliminary"):
         lines += [f"**Preliminary:** {out['preliminary']}", ""]
     lines += [
-        f"Command: `{COMMAND}`", "",
+        f"Command: `{COMMAND}` (about 10 minutes). The old operator is `operator/` of "
+        f"{out.get('old_ref') or OLD_REF} (main before the tenant-isolation fixes), extracted "
+        "with `git archive` into a temporary directory at run time; the new one is the "
+        "checkout's. `--render` rewrites this file from the .json.", "",
         "The failure-matrix row hostile-tenant with each operator tree in turn on one real "
         "kube-apiserver v1.20.2: one tenant's 6 pods (vLLM stand-ins) serve redirects to another "
         "address (2 pods), 100 MB /metrics pages streamed without a Content-Length (2) and "
@@ -411,12 +421,14 @@ def markdown(out: dict) -> str:
                      f"{'yes' if r['operator_running_at_end'] else 'NO'} | "
                      f"{r['tracebacks']} | {conditions} |")
     lines += ["", "The third tenant, per operator:", "",
-              "| operator | flood written | foreign pods written / deleted | forged "
+              "| operator | flood rate | foreign pods written / deleted | forged "
               "VLMDeployment's Deployment replicas | log lines read (all pods) | error |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in out["rows"]:
         x = r["tenant_x"]
-        lines.append(f"| {r['operator']} | {x.get('flood_done')} | "
+        flood = x.get("flood_done") or (f"{x['flood_lines_per_s']:,} lines/s (still on)"
+                                        if x.get("flood_lines_per_s") else "n/a")
+        lines.append(f"| {r['operator']} | {flood} | "
                      f"{len(x.get('foreign_written') or [])} / {x.get('foreign_deleted')} | "
                      f"{x.get('forged_deployment_replicas')} | "
                      f"{(r.get('log_lines_read') or {}).get('all_pods')} | "
