@@ -4,8 +4,8 @@ serve redirects to another address, 100 MB /metrics pages and drip-fed headers, 
 tenant's only replica has its engine die. Around the row a third tenant (namespace `<ns>-x`)
 holds these shapes from before the row starts to its end:
 
-- `line`: 2 pods whose /metrics is one wanted sample line of about 2 MiB (under the read cap)
-  with a label value that never closes;
+- `line`: 2 pods whose /metrics (read every second by its Builtin autoscaler) is one wanted
+  sample line of about 2 MiB (under the read cap) with a label value that never closes;
 - `flood`: 1 pod logging 50,000 ordinary INFO lines a second (from when the row's own pods
   serve, for FLOOD_SECONDS);
 - `forged`: its VLMDeployment's in-flight annotation holds 2,800 forged records (231 KB);
@@ -126,8 +126,11 @@ class Tenant:
         # even start its own pods
         self.core.create_namespaced_resource_quota(t.ns, {
             "metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(POD_QUOTA)}}})
-        for name, replicas in (("line", 2), ("flood", 1)):
-            t.create(name, replicas=replicas, **self.placed)
+        # Builtin autoscaling reads `line`'s /metrics every second (stall detection reads the
+        # engine heartbeat from the log instead, and would not read it)
+        t.create("line", replicas=2, autoscaling={
+            "enabled": True, "mode": "Builtin", "minReplicas": 2, "maxReplicas": 2}, **self.placed)
+        t.create("flood", replicas=1, **self.placed)
         line = 'vllm:num_requests_running{model_name="'
         line += "a" * (METRICS_LINE_BYTES - len(line))
         for pod in t.wait_ready("line", 2):
