@@ -258,6 +258,10 @@ def test_helm_test_pod_curls_the_metrics_service(helm):
     ("shards=0", "shards"),
     ("networkPolicy.namespaces={Team}", "networkPolicy.namespaces.0"),
     ("networkPolicy.enable=true", "networkPolicy"),
+    ("operatorNetworkPolicy.metricsNamespaces={Monitoring}",
+     "operatorNetworkPolicy.metricsNamespaces.0"),
+    ("operatorNetworkPolicy.metricsFrom=x", "operatorNetworkPolicy"),
+    ("rbac.podServiceAccounts={Bad_Name}", "rbac.podServiceAccounts.0"),
 ])
 def test_schema_rejects_bad_values(helm, bad, field):
     result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad],
@@ -272,10 +276,10 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
     them, from the release's namespace) to vLLM's port."""
     from vlm_operator.desired import children
 
-    assert not find(template(), "NetworkPolicy")
-    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy")
+    assert not find(template(), "NetworkPolicy", "rel-vlm-operator-reads")
+    assert not find(template(*VARIANTS["namespaced"]), "NetworkPolicy", "rel-vlm-operator-reads")
     docs = template(*VARIANTS["network-policy"], namespace="ops")
-    policies = find(docs, "NetworkPolicy")
+    policies = find(docs, "NetworkPolicy", "rel-vlm-operator-reads")
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     (dep,) = find(docs, "Deployment")
     operator_labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -292,10 +296,72 @@ def test_network_policy_admits_the_operator_to_the_vllm_pods(helm):
         assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
         assert rule["ports"] == [{"protocol": "TCP", "port": children.PORT}]
     cluster_wide = template("--set", "networkPolicy.enabled=true,networkPolicy.namespaces={x}")
-    assert [p["metadata"]["namespace"] for p in find(cluster_wide, "NetworkPolicy")] == ["x"]
+    assert [p["metadata"]["namespace"] for p in find(
+        cluster_wide, "NetworkPolicy", "rel-vlm-operator-reads")] == ["x"]
     refused = subprocess.run([helm, "template", "rel", str(CHART), "--set",
                               "networkPolicy.enabled=true"], capture_output=True, text=True)
     assert refused.returncode != 0 and "networkPolicy.namespaces" in refused.stderr
+
+
+def _operator_policy(docs: list[dict]) -> dict:
+    (policy,) = find(docs, "NetworkPolicy", "rel-vlm-operator-ingress")
+    (operator,) = find(docs, "Deployment") + find(docs, "StatefulSet")
+    assert policy["metadata"]["namespace"] == operator["metadata"]["namespace"]
+    labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress: the apiserver, the pods
+    return policy
+
+
+def test_the_operators_own_pods_admit_nothing_by_default(helm):
+    """By default the operator's metrics and liveness ports take no connection from any pod;
+    only `helm test`'s pod, in the release's namespace, reaches the metrics port. (The kubelet's
+    probe comes from the node, which NetworkPolicy does not filter in most CNIs.)"""
+    docs = template(namespace="ops")
+    policy = _operator_policy(docs)
+    (test_pod,) = find(docs, "Pod")
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # the release's namespace only
+    assert peer["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+    (operator,) = find(docs, "Deployment")
+    assert not peer["podSelector"]["matchLabels"].items() <= operator["spec"]["template"][
+        "metadata"]["labels"].items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+    without_test = _operator_policy(template("--set", "metrics.service.enabled=false"))
+    assert without_test["spec"]["ingress"] == []
+    assert not find(template("--set", "operatorNetworkPolicy.enabled=false"), "NetworkPolicy")
+    sharded = template("--set", "shards=3")
+    _operator_policy(sharded)  # selects the StatefulSet's pods too
+
+
+def test_the_operators_metrics_admit_the_monitoring_namespace(helm):
+    """Prometheus from the namespaces the admin names (optionally only its pods) reaches the
+    metrics port, and nothing else: not the liveness port, not any other namespace."""
+    docs = template("--set", "operatorNetworkPolicy.metricsNamespaces={monitoring,obs},"
+                             "metrics.port=9191,livenessPort=8181")
+    rules = _operator_policy(docs)["spec"]["ingress"]
+    scrapes = [r for r in rules if "namespaceSelector" in r["from"][0]]
+    assert [r["from"] for r in scrapes] == [
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}]
+        for ns in ("monitoring", "obs")]
+    assert all(r["ports"] == [{"protocol": "TCP", "port": 9191}] for r in rules)
+    narrowed = _operator_policy(template(
+        "--set", "operatorNetworkPolicy.metricsNamespaces={monitoring},"
+                 "operatorNetworkPolicy.metricsPodLabels.app\\.kubernetes\\.io/name=prometheus"))
+    (scrape,) = [r for r in narrowed["spec"]["ingress"] if "namespaceSelector" in r["from"][0]]
+    assert scrape["from"] == [{  # one peer: that namespace AND those pods
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_the_kubectl_install_isolates_the_operator_too():
+    """manifests/install.yaml (the chart's defaults) carries the same policy."""
+    docs = [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
+    (policy,) = find(docs, "NetworkPolicy", "vlm-operator-ingress")
+    assert policy["metadata"]["namespace"] == "vlm-system"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
 
 
 def test_chart_crds_match_the_definition():
@@ -532,12 +598,13 @@ def test_own_objects_policy_decisions(helm, operation, old_labels, new_labels, u
                   "oldObject": obj(old_labels) if operation != "CREATE" else None}
     (condition,) = policy["spec"]["matchConditions"]
     matched = _cel(condition["expression"], **activation)
-    labelled, _ = policy["spec"]["validations"]
+    labelled = policy["spec"]["validations"][0]
     assert (not matched or _cel(labelled["expression"], **activation)) is allowed
 
 
-def _deployment_allowed(policy, template_spec, operation="CREATE"):
-    obj = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+def _deployment_allowed(policy, template_spec, operation="CREATE", namespace="ns"):
+    obj = {"metadata": {"namespace": namespace,
+                        "labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
            "spec": {"template": {"spec": template_spec}}}
     activation = {"request": {"operation": operation, "resource": {"resource": "deployments"},
                               "userInfo": {"username": "x"}},
@@ -545,16 +612,20 @@ def _deployment_allowed(policy, template_spec, operation="CREATE"):
     return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
 
 
-def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
-    """A leaked operator token may write Deployments, but none whose pods get host access or a
-    token: the pod template the builders make passes, each escalation is refused."""
+def _our_pod_spec(**spec) -> dict:
     from vlm_operator.api.validation import parse
     from vlm_operator.desired import children
 
-    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
     vlmd = parse({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
-                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m"}})
-    ours = children.get_pod_template(vlmd)["spec"]
+                  "metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": "m", **spec}})
+    return children.get_pod_template(vlmd)["spec"]
+
+
+def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
+    """A leaked operator token may write Deployments, but none whose pods get host access or a
+    token: the pod template the builders make passes, each escalation is refused."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec()
     assert _deployment_allowed(policy, ours)
     vllm = ours["containers"][0]
     escalations = [
@@ -572,6 +643,95 @@ def test_own_objects_policy_keeps_the_pod_template_the_operator_builds(helm):
     assert _deployment_allowed(policy, {}, operation="DELETE")  # deleting ours stays allowed
 
 
+TOKEN_VOLUME = {"name": "t", "projected": {"sources": [{"serviceAccountToken": {
+    "path": "token", "expirationSeconds": 3600}}]}}
+
+
+def test_own_objects_policy_refuses_pods_that_carry_another_accounts_token(helm):
+    """A leaked operator token cannot write a labelled Deployment whose pods carry a token it
+    could read back through pods/log: no projected ServiceAccount token, no Secret volume or
+    envFrom, no ServiceAccount but the namespace's default or one the admin listed."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec()
+    vllm = ours["containers"][0]
+    # a labelled Deployment in kube-system running as a controller's account, with its token
+    attack = {**ours, "serviceAccountName": "clusterrole-aggregation-controller",
+              "volumes": [*ours["volumes"], TOKEN_VOLUME]}
+    assert not _deployment_allowed(policy, attack, namespace="kube-system")
+    refused = [
+        {**ours, "volumes": [*ours["volumes"], TOKEN_VOLUME]},
+        {**ours, "volumes": [*ours["volumes"], {"name": "t", "projected": {"sources": [
+            {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]},
+        {**ours, "volumes": [*ours["volumes"], {"name": "s", "secret": {
+            "secretName": "clusterrole-aggregation-controller-token-x"}}]},
+        {**ours, "containers": [{**vllm, "envFrom": [{"secretRef": {"name": "s"}}]}]},
+        {**ours, "serviceAccountName": "clusterrole-aggregation-controller"},
+        {**ours, "serviceAccount": "clusterrole-aggregation-controller"},  # the old field
+        _our_pod_spec(serviceAccountName="model-reader"),  # not listed by the admin
+    ]
+    assert [_deployment_allowed(policy, spec) for spec in refused] == [False] * len(refused)
+    assert _deployment_allowed(policy, {**ours, "serviceAccountName": "default"})
+    assert _deployment_allowed(policy, _our_pod_spec(hfTokenSecretRef={"name": "hf"}))
+    (listed,) = find(template(*VAP_API, "--set", "rbac.podServiceAccounts={model-reader}"),
+                     "ValidatingAdmissionPolicy")
+    assert _deployment_allowed(listed, _our_pod_spec(serviceAccountName="model-reader"))
+    assert not _deployment_allowed(listed, _our_pod_spec(serviceAccountName="other"))
+    assert not _deployment_allowed(listed, {
+        **_our_pod_spec(serviceAccountName="model-reader"),
+        "volumes": [*ours["volumes"], TOKEN_VOLUME]})
+
+
+@pytest.mark.parametrize("image", [
+    "reg.example/vllm", "reg.example/vllm:v1", "reg.example/vllm/x:v1", "reg.example/vllm@sha256:0",
+    "reg.example/vllm-evil:v1", "reg.example/vl", "busybox", "docker.io/library/busybox:1",
+    "mirror.example/base:1", "mirror.example/base", "mirror.example/ba"])
+def test_own_objects_policy_images_follow_the_operators_image_rule(helm, image):
+    """With policy.allowedImagePrefixes set, the policy allows exactly the images the operator's
+    own check (admin_policy.image_allowed) allows, in every container and init container."""
+    from vlm_operator.api.admin_policy import image_allowed
+
+    prefixes = ("reg.example/vllm", "mirror.example/")
+    (policy,) = find(template(*VAP_API, "--set", "policy.allowedImagePrefixes={"
+                                                 + ",".join(prefixes) + "}"),
+                     "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec(image="reg.example/vllm:v1", vllmVersion="0.20.2")
+    vllm = ours["containers"][0]
+    assert _deployment_allowed(policy, ours)
+    expected = image_allowed(image, prefixes)
+    assert _deployment_allowed(
+        policy, {**ours, "containers": [{**vllm, "image": image}]}) is expected
+    assert _deployment_allowed(
+        policy, {**ours, "initContainers": [{"name": "i", "image": image}]}) is expected
+
+
+def test_own_objects_policy_without_image_prefixes_allows_any_image(helm):
+    """As the operator: no prefixes, any image (spec.image is the tenant's to choose)."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = _our_pod_spec(image="busybox", vllmVersion="0.20.2")
+    assert _deployment_allowed(policy, ours)
+
+
+def test_own_objects_policy_never_lets_a_pods_spec_change(helm):
+    """The operator patches pods' labels and annotations only; a leaked token cannot swap the
+    image of a running pod of ours."""
+    (policy,) = find(template(*VAP_API), "ValidatingAdmissionPolicy")
+    ours = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+            "spec": _our_pod_spec()}
+
+    def update_allowed(new):
+        activation = {"request": {"operation": "UPDATE", "resource": {"resource": "pods"},
+                                  "userInfo": {"username": "x"}},
+                      "object": new, "oldObject": ours}
+        return all(_cel(v["expression"], **activation) for v in policy["spec"]["validations"])
+
+    relabelled = {"metadata": {"labels": {**ours["metadata"]["labels"], "x": "y"},
+                               "annotations": {"a": "b"}}, "spec": ours["spec"]}
+    assert update_allowed(relabelled)
+    vllm = ours["spec"]["containers"][0]
+    swapped = {**ours, "spec": {**ours["spec"], "containers": [{**vllm, "image": "busybox"}]}}
+    assert not update_allowed(swapped)
+
+
 def test_security_doc_names_every_policy_and_rbac_value():
     """docs/security.md and install.md describe the chart's security values as they are."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -580,8 +740,12 @@ def test_security_doc_names_every_policy_and_rbac_value():
     for key, default in values["policy"].items():
         assert f"`policy.{key}`" in security and f"`policy.{key}`" in install
         assert not default  # all off by default, as both documents say
-    for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly"):
+    for key in ("gpuCapacity", "hpa", "keda", "ownObjectsOnly", "podServiceAccounts"):
         assert f"rbac.{key}" in security + install
+    assert values["operatorNetworkPolicy"]["enabled"]  # the operator's ports: closed by default
+    for key in ("enabled", "metricsNamespaces", "metricsPodLabels"):
+        assert f"`operatorNetworkPolicy.{key}`" in security, key
+    assert "`operatorNetworkPolicy.enabled`" in install
     assert not values["networkPolicy"]["enabled"]
     assert "`networkPolicy.enabled`" in security and "`networkPolicy.enabled`" in install
     assert "label-selected watch is not an RBAC" in security.replace("\n", " ")

@@ -144,7 +144,7 @@ def test_the_matrices_cover_every_kind_the_chart_renders(node):
             "ClusterRole",
             "ClusterRoleBinding", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor",
             "PrometheusRule", "ConfigMap", "Pod", "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding"} <= kinds - NO_OWNER_SCHEMA
+            "ValidatingAdmissionPolicyBinding", "NetworkPolicy"} <= kinds - NO_OWNER_SCHEMA
 
 
 def render(*args: str) -> list[dict]:

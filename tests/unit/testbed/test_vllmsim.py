@@ -474,3 +474,20 @@ def test_hostile_log_faults(sim_factory):
     assert len({x.split(")")[0] for x in flood}) == 2500
     giant = [x for x in s.lines if "9" * 5000 in x]
     assert len(giant) == 3 and all("EngineCore encountered a fatal error." in x for x in giant)
+
+
+def test_one_line_metrics_page_and_a_paced_log_flood(sim_factory):
+    """/metrics as one given line (a sample whose label value never closes), and a flood of
+    ordinary INFO lines at a rate, which says how many it wrote."""
+    s = sim_factory()
+    s.wait_ready()
+    line = 'vllm:num_requests_running{model_name="' + "a" * 100_000
+    s.post("/sim/fault", [{"fault": "huge_metrics", "line": line, "bytes": len(line),
+                           "length": True},
+                          {"fault": "log_flood", "rate": 2000, "seconds": 0.5}])
+    assert s.get("/metrics") == (200, line)
+    done = s.wait_for_line("log_flood: ")
+    sent = int(done.split("log_flood: ")[1].split()[0])
+    flood = [x for x in s.lines if " flood " in x and HEADER.match(x)]
+    assert sent > 0 and len(flood) == sent
+    assert [int(x.rsplit(" ", 1)[1]) for x in flood] == list(range(sent))

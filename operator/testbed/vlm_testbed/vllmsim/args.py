@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 FAULTS = ("tokenizer_retry", "engine_dead", "hang", "stall", "load", "slow_metrics",
           "redirect", "huge_metrics", "drip_headers", "proc_flood", "giant_pid", "clear",
-          "long_prefill", "long_step")
+          "long_prefill", "long_step", "log_flood")
 HOSTILE_PATHS = {"redirect": ("/metrics", "/v1/models", "/v1/completions"),
                  "drip_headers": ("/metrics", "/v1/models")}
 

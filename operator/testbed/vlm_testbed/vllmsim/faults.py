@@ -4,6 +4,7 @@ stalls, long prefills and steps, hostile log lines), and its shutdown."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -59,6 +60,10 @@ class SimulatorFaults:
                     kind, ("/metrics",))), **spec}
             else:
                 self.hostile.pop(kind, None)
+        elif kind == "log_flood":
+            threading.Thread(target=self._flood, daemon=True,
+                             args=(float(spec.get("rate", 50_000)),
+                                   float(spec.get("seconds", 60)))).start()
         elif kind in ("proc_flood", "giant_pid"):
             threading.Thread(target=self._hostile_lines, daemon=True,
                              args=(kind, int(spec.get("lines", 1000)),
@@ -106,6 +111,24 @@ class SimulatorFaults:
                                    prefix=prefix, version=self.version)
                          ] * (min(count, start + 1000) - start)
             self.emit_many(batch)
+
+    def _flood(self, rate: float, seconds: float) -> None:
+        """`rate` ordinary INFO lines a second from the API server process for `seconds`,
+        written every 0.1 s in one batch; a batch written late is made up in the next, so the
+        count follows the clock while the pipe keeps up. Then one line saying how many."""
+        prefix = self.env.get("VLLM_LOGGING_PREFIX", "")
+        start = time.monotonic()
+        sent = 0
+        while (elapsed := time.monotonic() - start) < seconds:
+            due = min(int(rate * elapsed) - sent, int(rate))  # at most a second behind
+            if due > 0:
+                self.emit_many([vllm_line("APIServer", self.pid, "INFO", "logger.py:1",
+                                          f"flood {n}", prefix=prefix, version=self.version)
+                                for n in range(sent, sent + due)])
+                sent += due
+            time.sleep(0.1)
+        self.emit(f"log_flood: {sent} lines in {time.monotonic() - start:.1f} s",
+                  sys.stderr)
 
     def _retry_loop(self, gen: int, rate: float, count: int | None, attempt: int) -> None:
         emitted = 0

@@ -79,9 +79,12 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _huge(self, spec: dict) -> None:
+        """`bytes` of `line` repeated (default: a real sample line); a `line` of about `bytes`
+        makes a page of one line, e.g. a sample whose label value never closes."""
         total = int(spec.get("bytes", 100_000_000))
-        line = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
-        block = line * (65536 // len(line))
+        line = str(spec.get("line", 'vllm:num_requests_running{engine="0",model_name="m"} '
+                                    '0.0\n')).encode()
+        block = line * max(1, 65536 // len(line))
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         if spec.get("length"):
