@@ -137,19 +137,24 @@ def leaves_selection(api, ns, stream, name: str):
     return client.CoreV1Api(api).read_namespaced_pod(name, ns)
 
 
+def watch_pool(api, ns, name, *pods):
+    """The pool's selector once it holds every one of `pods`, and a watch of the pods it
+    selects (what a gateway's endpoint picker follows)."""
+    selector = pool_selector(api, ns, name)
+    wait_for("the pods in the pool", lambda: {p.metadata.name for p in pods} <= set(
+        in_pool(api, ns, selector)))
+    w = watch.Watch()
+    return selector, w, w.stream(client.CoreV1Api(api).list_namespaced_pod, ns,
+                                 label_selector=selector, timeout_seconds=60)
+
+
 def test_a_fenced_pod_leaves_the_pool_at_once_and_comes_back_after_recovering(api, ns, sim,
                                                                            pool_crd):
     create(api, ns, cr("fence", replicas=2, gateway=PICKER, health={
         "recovery": "InPlace", "maxRestartsPerHour": 20, "minAvailable": 1}))
     a, b = wait_ready_pods(api, ns, "fence", 2)
-    selector = pool_selector(api, ns, "fence")
+    selector, w, stream = watch_pool(api, ns, "fence", a, b)
     assert IN_SERVICE_LABEL + "=true" in selector
-    wait_for("both pods in the pool", lambda: {a.metadata.name, b.metadata.name} <= set(
-        in_pool(api, ns, selector)))
-    core = client.CoreV1Api(api)
-    w = watch.Watch()
-    stream = w.stream(core.list_namespaced_pod, ns, label_selector=selector,
-                      timeout_seconds=60)
     died = time.monotonic()
     # the engine dies; the process stays up 5 s more, as vLLM's does while it shuts down
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})
@@ -178,13 +183,7 @@ def test_a_drained_pod_leaves_the_pool_before_it_is_deleted(api, ns, sim, pool_c
     create(api, ns, cr("drain", replicas=2, gateway=PICKER, health=health(
         tokenizerRetry={"threshold": 2, "windowSeconds": 60, "action": "ScaleDown"})))
     a, b = wait_ready_pods(api, ns, "drain", 2)
-    selector = pool_selector(api, ns, "drain")
-    wait_for("both pods in the pool", lambda: {a.metadata.name, b.metadata.name} <= set(
-        in_pool(api, ns, selector)))
-    core = client.CoreV1Api(api)
-    w = watch.Watch()
-    stream = w.stream(core.list_namespaced_pod, ns, label_selector=selector,
-                      timeout_seconds=60)
+    selector, w, stream = watch_pool(api, ns, "drain", a, b)
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "load", "running": 1})  # in flight
     sim_post(a.status.pod_ip, "/sim/fault", {"fault": "tokenizer_retry", "rate": 20,
                                              "count": 2})
