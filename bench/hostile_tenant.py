@@ -20,8 +20,9 @@ it: what its shapes make the operator do must not reach the row only through the
 The other tree is by default OLD_REF (main before the tenant-isolation fixes), extracted with
 `git archive` into a temporary directory at run time; --old-src names a directory instead.
 
-Per operator: when it acted on the other tenant's engine death (the dead pod deleted, from the
-moment its /health answered 503), its time to serving again, the requests the redirects' target
+Per operator: when it acted on the other tenant's engine death (the dead pod deleted, or
+fenced out of the Service under the default in-place recovery, from the moment its /health
+answered 503), its time to serving again, the requests the redirects' target
 got, the operator's peak RSS (VmHWM: the process's lifetime peak, read from /proc at the end, so
 a process too busy to answer its own metrics is still measured) beside the chart's memory limit
 (512 MiB), its CPU over the row, tracebacks in its log, whether it was still running, and what
@@ -49,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 
 from common import cpu_seconds, machine
 from vlm_operator.api import crd
-from vlm_operator.api.names import GROUP, HISTORY, IN_FLIGHT
+from vlm_operator.api.names import FENCE, GROUP, HISTORY, IN_FLIGHT
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
@@ -199,7 +200,8 @@ class Tenant:
 class DeathWatch(threading.Thread):
     """Watches the row's victim ("row" in the bed's namespace): once a pod of it serves,
     `on_serving` runs (the flood starts); `dead_at` when its /health answers 503 (the engine
-    died: a failed or slow read is not death), `acted_at` when the operator deleted it."""
+    died: a failed or slow read is not death), `acted_at` when the operator deleted it or
+    fenced it (in-place recovery: out of the Service, its fence annotation written)."""
 
     def __init__(self, bed: Bed, on_serving) -> None:
         super().__init__(daemon=True, name="death-watch")
@@ -235,7 +237,9 @@ class DeathWatch(threading.Thread):
             pod = pods.get(self.victim)
             if self.dead_at is None and pod is not None and self.status(self.ip) == 503:
                 self.dead_at = time.time()
-            if self.dead_at is not None and (pod is None or pod.metadata.deletion_timestamp):
+            if self.dead_at is not None and (
+                    pod is None or pod.metadata.deletion_timestamp
+                    or FENCE in (pod.metadata.annotations or {})):
                 self.acted_at = time.time()
 
     def acted_s(self) -> float | None:
@@ -282,7 +286,9 @@ def _row(op: OperatorProcess, bed: Bed, name: str) -> dict:
                                   and watch.dead_at - tenant.notes["flood_started"]
                                   < FLOOD_SECONDS),
         "recovered_s": seen.get("recovered_s"),
-        "restarts": (seen.get("events") or {}).get("PodRestarted"),
+        # a Restart's first rung: a new pod, a fence or the restart request (in place)
+        "restarts": sum((seen.get("events") or {}).get(reason, 0) for reason in (
+            "PodRestarted", "PodFenced", "PodRestartRequested")),
         "redirects_followed": len(seen.get("redirect_target_requests") or []),
         "peak_rss_mib": None if rss is None else round(rss, 1),
         "peak_rss_mib_sampled": seen.get("peak_rss_mib"),
@@ -398,7 +404,8 @@ def markdown(out: dict) -> str:
         f"in-flight annotations of two more; {shapes['foreign_pods']} busybox-like pods "
         "labelled as a VLMDeployment's, with no owner, each with "
         f"{shapes['foreign_annotation_bytes']:,} bytes of annotations. "
-        "Acted on: from the dead pod's /health answering 503 to the operator deleting it. "
+        "Acted on: from the dead pod's /health answering 503 to the operator deleting it (a "
+        "new pod) or fencing it (in place, the default from this tree on). "
         "Peak RSS: the operator process's VmHWM (lifetime peak) at the end of the row; CPU: % "
         "of one core over the row, and the peak over any 2 s sampled from its process metrics. "
         f"Chart memory limit: {out['memory_limit_mib']} MiB. "
