@@ -94,7 +94,8 @@ def old_restarts(bed: Bed, health: dict | None) -> Observed:
     bed.create("row", replicas=1, health=merged({"engineDead": {"action": "Ignore"}}, health))
     (pod,) = bed.wait_ready("row", 1)
     for restarts in range(1, 6):  # crashes the operator ignores: the pod's old restarts
-        bed.fault(pod, {"fault": "engine_dead", "exit_code": 1, "exit_delay": 0})
+        # exits 0.5 s after answering (at once, the process could go before its answer)
+        bed.fault(pod, {"fault": "engine_dead", "exit_code": 1, "exit_delay": 0.5})
         (pod,) = bed.wait(f"restart {restarts}", lambda n=restarts: [
             p for p in bed.ready("row") if instance(p)[1] == n and healthy(p.status.pod_ip)])
     bed.wait("the container running past the kubelet's back-off reset",
