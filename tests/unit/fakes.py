@@ -5,6 +5,7 @@ can say exactly what the glue did:
   apiserver's do where the code depends on it: a patch with a stale resourceVersion is a 409, a
   delete of a pod that is gone (or whose uid differs) is False, merge-patched annotations with
   None are removed.
+- ChildStore, FakeKube plus the children the reconciler applies.
 - what a round reads and calls (runtime/rounds.py, stalls/watch.py): the watch-fed pod cache
   (k8s/caches.ClusterCache), the /metrics scraper and the pod HTTP calls (engine/reader.py,
   engine/canary.py), a controllable clock, and recording fakes of the parts a round hands its
@@ -38,6 +39,7 @@ class FakeKube:
         # uids of pods labelled like ours whose owner chain does not lead to the operator:
         # list_pods leaves them out, as Kube.list_pods does (owned_pods)
         self.foreign: set[str] = set()
+        self.messages: list[tuple[str, str, str]] = []  # Events posted: kind, reason, message
         self._versions = itertools.count(1)
 
     # -- the store
@@ -160,6 +162,44 @@ class FakeKube:
     def post_event(self, involved: dict, event) -> None:
         self.calls.append(("post_event", involved["kind"], involved["metadata"]["name"],
                            event.reason))
+        self.messages.append((involved["kind"], event.reason, event.message))
+
+
+class ChildStore(FakeKube):
+    """FakeKube plus the children: what the reconciler applies is kept and read back (the
+    Deployment read as FakeKube makes it)."""
+
+    hpa_api_version = "autoscaling/v2"
+    pdb_api_version = "policy/v1"
+
+    def __init__(self, pools_served: bool | None = True) -> None:
+        super().__init__()
+        self.children: dict[tuple[str, str], dict] = {}
+        self.pools_served = pools_served  # None: discovery fails (503)
+
+    def keda_served(self) -> bool:
+        return False
+
+    def inference_pools_served(self) -> bool:
+        self.calls.append(("discovery", "inferencepools"))
+        if self.pools_served is None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        return self.pools_served
+
+    def get(self, api_version, kind, namespace, name):
+        if kind == "Deployment":
+            return super().get(api_version, kind, namespace, name)
+        self.calls.append(("get", kind, namespace, name))
+        return copy.deepcopy(self.children.get((kind, name)))
+
+    def apply(self, obj):
+        self.calls.append(("apply", obj["kind"], obj["metadata"]["name"]))
+        self.children[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+        return copy.deepcopy(obj)
+
+    def delete(self, api_version, kind, namespace, name, uid=None, grace_s=None):
+        self.calls.append(("delete", kind, namespace, name, grace_s))
+        return self.children.pop((kind, name), None) is not None
 
 
 NAMESPACE = "team"

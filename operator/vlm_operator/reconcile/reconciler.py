@@ -27,15 +27,27 @@ from vlm_operator.remediation import incidents
 log = logging.getLogger(__name__)
 
 
-def _content(obj: dict) -> tuple:
-    meta = obj["metadata"]
-    return (obj.get("spec"), meta.get("labels"), meta.get("annotations"),
+def _ours(obj: dict, desired: dict) -> tuple:
+    """What of `obj` an apply of `desired` writes: the spec fields and the labels and
+    annotations it sets (the surge annotation too, which comes and goes), and ownerReferences.
+    Another writer's fields (the deployment controller's revision annotation) are left out: a
+    change of theirs between our read and our apply is not drift."""
+    meta, want = obj["metadata"], desired["metadata"]
+
+    def picked(have: dict | None, keys: set) -> dict:
+        return {k: v for k, v in (have or {}).items() if k in keys}
+
+    return (picked(obj.get("spec"), set(desired.get("spec") or {})),
+            picked(meta.get("labels"), set(want.get("labels") or {})),
+            picked(meta.get("annotations"),
+                   {*(want.get("annotations") or {}), children.SURGE_ANNOTATION}),
             meta.get("ownerReferences"))
 
 
-def _changed(before: dict | None, after: dict) -> bool:
-    """Whether apply changed what we manage (status and resourceVersion churn do not count)."""
-    return before is None or _content(before) != _content(after)
+def _changed(before: dict | None, after: dict, desired: dict) -> bool:
+    """Whether our apply changed what it writes (status and resourceVersion churn, and other
+    writers' fields, do not count)."""
+    return before is None or _ours(before, desired) != _ours(after, desired)
 
 
 def _surge(child: dict) -> str | None:
@@ -198,14 +210,15 @@ class Reconciler:
                 if not children.may_write(before, vlmd.uid):
                     foreign.append(f"{kind} {child_name}")
                     continue
-                after = self.kube.apply(children.keep_selector(child, before))
+                desired = children.keep_selector(child, before)
+                after = self.kube.apply(desired)
             except ApiException as exc:
                 exc.child = f"{kind} {child_name}"
                 log.warning("%s/%s: applying %s failed: %s %s", vlmd.namespace, vlmd.name,
                             exc.child, exc.status, exc.reason)
                 failures.append(exc)
                 continue
-            if not _changed(before, after):
+            if not _changed(before, after, desired):
                 continue
             if before is None:
                 reason, verb = ("DriftRestored", "Recreated") if drift else ("Created", "Created")

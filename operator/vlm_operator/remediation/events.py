@@ -60,9 +60,17 @@ def drain_timed_out(pod: str, seconds: float, running: float | None) -> str:
 
 
 def replace_ended(record: InFlight, step: Step, *, replicas: int, now: float,
-                  node_drain_wait_s: float) -> Event | None:
-    """The Event for a Replace that ended without replacing its pod (None: not such a step)."""
+                  node_drain_wait_s: float, replacement_serves: bool) -> Event | None:
+    """The Event for a Replace that ended without the operator deleting its pod: it gave up,
+    or the pod left by another hand (an eviction by its node's drain, once the
+    PodDisruptionBudget let it through; a user's delete). None: not such a step, or the
+    operator deleted the pod and said so then."""
     texts = {
+        Step.FINISH: ("Normal", "PodReplaced", (
+            f"{record.pod} left without the operator deleting it (evicted, as by its node's "
+            "drain, or deleted by another hand)" + (
+                ", once its replacement served" if replacement_serves
+                else "; its ReplicaSet brings up another pod"))),
         Step.GIVE_UP: ("Warning", "ReplaceFailed", (
             f"gave up replacing {record.pod}: no replacement became ready in "
             f"{now - record.since:.0f} s or the scheduler refused it for "
@@ -76,10 +84,10 @@ def replace_ended(record: InFlight, step: Step, *, replicas: int, now: float,
             f"{record.pod}: its node {record.node} is no longer leaving, or enough other "
             "pods serve for its eviction to go through; nothing left to do for it")),
     }
-    if step not in texts:
+    if step not in texts or (step == Step.FINISH and record.deleted):
         return None
     kind, reason, text = texts[step]
-    if record.signature == NODE_DRAIN and step != Step.DROP:
+    if record.signature == NODE_DRAIN and step in (Step.GIVE_UP, Step.ABANDON):
         text += ("; it waits for the node drain's limit (--node-drain-wait-seconds="
                  f"{node_drain_wait_s:g}; a cordon alone has none)")
     return Event(kind, reason, text)

@@ -281,15 +281,17 @@ class InFlightDriver:
         else:  # no surge again: the pod waits for its node drain's limit
             rem.write_in_flight(namespace, name, owner, add=dataclasses.replace(
                 record, surge=False, before=(), replacement="", tried=True))
-        self._tell_step_end(at, record, step)
+        self._tell_step_end(at, record, step, bool(found) and views[found].serves)
         rem.reconcile(namespace, name)  # the Deployment drops its extra replica
         return done
 
-    def _tell_step_end(self, at: _At, record: InFlight, step: Step) -> None:
-        """Events for a Replace that ended without replacing its pod."""
+    def _tell_step_end(self, at: _At, record: InFlight, step: Step,
+                       replacement_serves: bool) -> None:
+        """Events for a Replace that ended without the operator deleting its pod."""
         event = events.replace_ended(record, step, replicas=int(at.body["spec"].get("replicas",
                                                                                      1)),
-                                     now=at.now, node_drain_wait_s=self.rem.node_drain_wait_s)
+                                     now=at.now, node_drain_wait_s=self.rem.node_drain_wait_s,
+                                     replacement_serves=replacement_serves)
         if event is None:
             return
         if step == Step.GIVE_UP:
@@ -308,7 +310,12 @@ class InFlightDriver:
             log.warning("%s/%s: %s", namespace, name, text)
             events.post(self.kube, namespace, name, at.pod,
                         Event("Warning", "DrainTimedOut", text), at.body)
+        told = record.deleted  # a fresh operator deleting again says it once
+        self.rem.write_in_flight(namespace, name, at.owner,
+                                 add=dataclasses.replace(record, deleted=True))
         actions.delete_quickly(self.kube, namespace, pod=record.pod, uid=record.uid)
+        if told:
+            return
         text = (f"deleted {record.pod}: drained, its replacement serves"
                 if record.drain_since is not None and record.signature != NODE_DRAIN
                 else f"deleted {record.pod}: drained" if record.drain_since is not None

@@ -163,6 +163,7 @@ class InFlight:
     drain_since: float | None = None  # Replace: when the pod was taken out of the Service
     node: str = ""  # the pod's node, once seen leaving
     node_since: float | None = None  # when the pod's node was first seen showing a drain
+    deleted: bool = False  # Replace: the operator deleted the pod (its PodReplaced said so)
 
 
 NODE_DRAIN = "node_drain"  # InFlight.signature of a Replace its node's drain asked for
@@ -170,7 +171,7 @@ NODE_DRAIN = "node_drain"  # InFlight.signature of a Replace its node's drain as
 # or a burst of storms; records past it are dropped (read_in_flight)
 MAX_IN_FLIGHT = 64
 _OPTIONAL = {"surge": True, "before": (), "replacement": "", "tried": False,
-             "drain_since": None, "node": "", "node_since": None}
+             "drain_since": None, "node": "", "node_since": None, "deleted": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +225,8 @@ def _record(uid: str, entry: object) -> InFlight | None:
             str(entry.get("replacement") or ""), bool(entry.get("tried", False)),
             None if drain_since is None else float(drain_since),
             str(entry.get("node") or ""),
-            None if node_since is None else float(node_since))
+            None if node_since is None else float(node_since),
+            bool(entry.get("deleted", False)))
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     times = (record.incident, record.since, record.drain_since, record.node_since)

@@ -4,51 +4,13 @@ otherwise Degraded says which, and the other children are applied all the same."
 
 from __future__ import annotations
 
-import copy
-
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.reconcile.reconciler import Reconciler
 
-from ..fakes import NAMESPACE, FakeKube
+from ..fakes import NAMESPACE, ChildStore
 
 PICKER = {"inferencePool": {"endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}}
-
-
-class ChildStore(FakeKube):
-    """FakeKube plus the children: what the reconciler applies is kept and read back."""
-
-    hpa_api_version = "autoscaling/v2"
-    pdb_api_version = "policy/v1"
-
-    def __init__(self, pools_served: bool | None = True) -> None:
-        super().__init__()
-        self.children: dict[tuple[str, str], dict] = {}
-        self.pools_served = pools_served  # None: discovery fails (503)
-
-    def keda_served(self) -> bool:
-        return False
-
-    def inference_pools_served(self) -> bool:
-        self.calls.append(("discovery", "inferencepools"))
-        if self.pools_served is None:
-            raise ApiException(status=503, reason="Service Unavailable")
-        return self.pools_served
-
-    def get(self, api_version, kind, namespace, name):
-        if kind == "Deployment":
-            return super().get(api_version, kind, namespace, name)
-        self.calls.append(("get", kind, namespace, name))
-        return copy.deepcopy(self.children.get((kind, name)))
-
-    def apply(self, obj):
-        self.calls.append(("apply", obj["kind"], obj["metadata"]["name"]))
-        self.children[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
-        return copy.deepcopy(obj)
-
-    def delete(self, api_version, kind, namespace, name, uid=None, grace_s=None):
-        self.calls.append(("delete", kind, namespace, name, grace_s))
-        return self.children.pop((kind, name), None) is not None
 
 
 def pass_over(kube: ChildStore, *, installed: bool = True, first_look: bool = True,

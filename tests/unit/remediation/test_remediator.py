@@ -160,6 +160,29 @@ def test_a_replace_takes_its_steps_in_order():
     ]
     assert [c[3] for c in kube.calls if c[0] == "delete"] == ["sick"]
     assert [p["metadata"]["name"] for p in kube.pods[NS]] == ["new"]
+    assert [c[3] for c in kube.writes() if c[0] == "post_event" and c[1] == "VLMDeployment"
+            and c[3] == "PodReplaced"] == ["PodReplaced"]  # said once, at the delete
+
+
+def test_a_replace_whose_pod_another_hand_evicts_ends_with_one_pod_replaced_saying_so():
+    """kubectl drain's eviction goes through once the replacement serves (the
+    PodDisruptionBudget lets it), while the operator still drains the pod: the Replace ends
+    without its delete, and its Event says how the pod left."""
+    kube = FakeKube()
+    kube.add_vlmd(NS, "rep", replicas=1)
+    kube.add_pod(NS, "sick", owner="rep")
+    rem = remediator(kube, [], replica_fits=lambda vlmd, pending: True)
+    rem.incident(NS, "rep", storm("uid-sick", "sick"))
+    step = stepper(rem, "rep", "uid-sick")
+    kube.add_pod(NS, "new", owner="rep")
+    assert not step()  # the replacement serves: the sick pod is taken out to drain
+    kube.pods[NS] = [p for p in kube.pods[NS] if p["metadata"]["name"] != "sick"]  # evicted
+    assert step()
+    assert not [c for c in kube.calls if c[0] == "delete"]
+    (said,) = [(kind, text) for kind, reason, text in kube.messages if reason == "PodReplaced"]
+    assert said == ("VLMDeployment", "sick left without the operator deleting it (evicted, as "
+                    "by its node's drain, or deleted by another hand), once its replacement "
+                    "served")
 
 
 def test_a_scale_down_lowers_the_replicas_only_once_the_deployment_counts_its_pod_out(

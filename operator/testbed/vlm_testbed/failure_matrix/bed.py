@@ -229,10 +229,42 @@ class Bed:
         return True
 
     def wait_ready(self, name: str, n: int) -> list[Any]:
-        """n ready pods that answer /health, none of them about to go."""
-        return self.wait(f"{n} ready pods of {name}", lambda: len(
-            r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r,
-            timeout=self.ready_timeout_s)
+        """n ready pods that answer /health, none of them about to go; on time out, what the
+        VLMDeployment, its pods and the namespace's Events showed."""
+        try:
+            return self.wait(f"{n} ready pods of {name}", lambda: len(
+                r := [p for p in self.ready(name) if healthy(p.status.pod_ip)]) >= n and r,
+                timeout=self.ready_timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.describe(name)}") from None
+
+    def describe(self, name: str) -> str:
+        """The VLMDeployment's conditions, each pod's state and log tail, and the namespace's
+        last Events: what a failed wait leaves to read."""
+        lines: list[str] = []
+        with contextlib.suppress(ApiException):
+            lines += [f"condition {c['type']}={c['status']} {c.get('reason')}: "
+                      f"{c.get('message')}"
+                      for c in (self.get(name).get("status") or {}).get("conditions") or []]
+        with contextlib.suppress(ApiException):
+            for pod in self.pods(name):
+                st = pod.status
+                lines.append(f"pod {pod.metadata.name} {st.phase} node={pod.spec.node_name} "
+                             f"ip={st.pod_ip} ready={is_ready(pod)} "
+                             f"healthy={bool(st.pod_ip) and healthy(st.pod_ip)} "
+                             f"deleting={pod.metadata.deletion_timestamp is not None}")
+                lines += [f"  container {c.name} ready={c.ready} restarts={c.restart_count} "
+                          f"state={c.state.to_dict()}" for c in st.container_statuses or []]
+                with contextlib.suppress(ApiException):
+                    tail = self.core.read_namespaced_pod_log(pod.metadata.name, self.ns,
+                                                             tail_lines=15)
+                    lines += [f"  | {line}" for line in (tail or "").splitlines()]
+        with contextlib.suppress(ApiException):
+            events = sorted(self.core.list_namespaced_event(self.ns).items,
+                            key=lambda e: str(e.last_timestamp or e.event_time))
+            lines += [f"event {e.involved_object.kind}/{e.involved_object.name} {e.reason}: "
+                      f"{(e.message or '')[:300]}" for e in events[-25:]]
+        return "\n".join(lines)
 
     def _events(self, name: str) -> list[Any]:
         return [e for e in self.core.list_namespaced_event(
