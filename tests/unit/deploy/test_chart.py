@@ -104,6 +104,20 @@ def test_the_node_autoscaler_capacity_reaches_the_operator(helm):
         "--node-autoscaler-timeout-seconds=900"]
 
 
+def test_the_kubelet_backoff_reaches_the_operator(helm):
+    from vlm_operator.cli import build_parser
+
+    def parsed(*sets):
+        (dep,) = find(template(*sets), "Deployment")
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        out = build_parser().parse_args(args)
+        return out.kubelet_backoff_seconds, out.kubelet_max_backoff_seconds
+
+    assert parsed() == (10, 300)  # the kubelet's defaults
+    assert parsed("--set", "kubeletBackoff.initialSeconds=1",
+                  "--set", "kubeletBackoff.maxSeconds=60") == (1, 60)
+
+
 def test_args_name_each_watched_namespace(helm):
     (dep,) = find(template(*VARIANTS["namespaced"]), "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
