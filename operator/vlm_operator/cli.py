@@ -303,7 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.func is cmd_run and args.kubelet_backoff_seconds > args.kubelet_max_backoff_seconds:
+        parser.error(f"--kubelet-backoff-seconds {args.kubelet_backoff_seconds:g} is above "
+                     f"--kubelet-max-backoff-seconds {args.kubelet_max_backoff_seconds:g}: the "
+                     "back-off doubles from the first up to the second")
     return args.func(args)
 
 

@@ -156,6 +156,15 @@ def test_the_nodes_kubelet_back_off_is_a_run_flag_with_the_kubelets_defaults(cap
         assert "--kubelet-max-backoff-seconds" in capsys.readouterr().err
 
 
+def test_a_first_back_off_above_the_longest_is_refused_naming_both(capsys):
+    from vlm_operator.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--kubelet-backoff-seconds", "60", "--kubelet-max-backoff-seconds", "30"])
+    err = capsys.readouterr().err
+    assert "--kubelet-backoff-seconds 60 is above --kubelet-max-backoff-seconds 30" in err
+
+
 def test_log_mark_seconds_must_be_a_second_or_more():
     for bad in ("0", "-5", "x", "nan"):
         result = cli("run", "--log-mark-seconds", bad)
