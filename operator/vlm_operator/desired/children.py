@@ -33,9 +33,12 @@ RUN_AS_USER = 10001  # the uid of images/vllm (any non-root uid works: HOME is a
 # vLLM has an allow-list of media hosts but no "none": a name under .invalid (RFC 2606), which
 # never resolves and no URL can name by accident, allows no http(s) media URL at all.
 NO_MEDIA_HOST = "media-urls-disabled.invalid"
-# Model loads take minutes: allow up to 30 minutes before the startup probe gives up.
-STARTUP_PERIOD_SECONDS = 10
-STARTUP_FAILURE_THRESHOLD = 180
+# Model loads take minutes: allow up to 30 minutes before the startup probe gives up. Probed
+# every 2 s, a started server is Ready about 1 s after its /health first answers (every 10 s
+# cost 5 s on average, on each cold start, new pod and in-place restart alike); /health is a
+# cheap handler, so the extra probes during a start cost nothing that matters.
+STARTUP_PERIOD_SECONDS = 2
+STARTUP_FAILURE_THRESHOLD = 900
 CONTROL_VOLUME = "control"  # the operator's requests to the pod's engine plugin (downwardAPI)
 
 
