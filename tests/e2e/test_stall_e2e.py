@@ -34,6 +34,7 @@ NO_PLUGIN = [{"name": "VLM_SIM_PATCHED", "value": "0"}]  # an image without the 
 @pytest.fixture
 def bed(api, cluster, operator):
     with Bed.new(api, cluster.kubeconfig, f"{SESSION_NS_PREFIX}{uuid.uuid4().hex[:6]}") as b:
+        b.watcher = operator
         b.nodes(gpus_per_node=3)
         yield b
 

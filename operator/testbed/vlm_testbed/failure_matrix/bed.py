@@ -239,8 +239,8 @@ class Bed:
             raise AssertionError(f"{exc}\n{self.describe(name)}") from None
 
     def describe(self, name: str) -> str:
-        """The VLMDeployment's conditions, each pod's state and log tail, and the namespace's
-        last Events: what a failed wait leaves to read."""
+        """The VLMDeployment's conditions, each pod's state and log tail, the namespace's last
+        Events and what the operators said about it: what a failed wait leaves to read."""
         lines: list[str] = []
         with contextlib.suppress(ApiException):
             lines += [f"condition {c['type']}={c['status']} {c.get('reason')}: "
@@ -264,6 +264,11 @@ class Bed:
                             key=lambda e: str(e.last_timestamp or e.event_time))
             lines += [f"event {e.involved_object.kind}/{e.involved_object.name} {e.reason}: "
                       f"{(e.message or '')[:300]}" for e in events[-25:]]
+        for proc in [p for p in (self.watcher, *self.operators) if p is not None]:
+            with contextlib.suppress(OSError):
+                said = [line for line in proc.log().splitlines()
+                        if self.ns in line or " WARNING " in line or " ERROR " in line]
+                lines += [f"operator {proc.log_path.name} | {line[:400]}" for line in said[-40:]]
         return "\n".join(lines)
 
     def _events(self, name: str) -> list[Any]:
