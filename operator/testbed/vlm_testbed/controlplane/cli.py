@@ -24,6 +24,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build and cache the Kubernetes binaries")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
+    b.add_argument("--no-kubelet", action="store_true",
+                   help="skip the kubelet (only the real-node test bed needs it)")
     up = sub.add_parser("up", help="start a control plane (background unless --foreground)")
     up.add_argument("--foreground", action="store_true")
     up.add_argument("--manifest", action="append", default=[],
@@ -36,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "build":
-            build(force=args.force)
+            build(force=args.force, node=not args.no_kubelet)
             return 0
         return {"up": cmd_up, "down": cmd_down, "env": cmd_env}[args.cmd](args)
     except ControlPlaneError as e:
