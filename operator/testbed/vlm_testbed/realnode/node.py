@@ -56,6 +56,8 @@ class RealNode:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ready_seconds: float | None = None
         self.kubelet_port: int | None = None
+        self.kubelet_ready_seconds: float | None = None  # from the kubelet's start
+        self._kubelet_t0: float | None = None
         self._bridge_added = False
         self._holder_ns: str | None = None
 
@@ -99,7 +101,28 @@ class RealNode:
             self.stop(keep_logs=True)
             raise
         self.ready_seconds = time.monotonic() - t0
+        assert self._kubelet_t0 is not None
+        self.kubelet_ready_seconds = time.monotonic() - self._kubelet_t0
         return self
+
+    def task_pid(self, container_id: str) -> int | None:
+        """Host pid of a running container's main process (`containerd://<id>` or `<id>`)."""
+        cid = container_id.split("://")[-1]
+        for line in self.ctr("tasks", "ls", timeout=20).stdout.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == cid and parts[2] == "RUNNING":
+                return int(parts[1])
+        return None
+
+    def read_in_container(self, container_id: str, path: str) -> str | None:
+        """A file as the container sees it (through /proc/<pid>/root), None if unreadable."""
+        pid = self.task_pid(container_id)
+        if pid is None:
+            return None
+        try:
+            return Path(f"/proc/{pid}/root{path}").read_text()
+        except OSError:
+            return None
 
     def stop(self, keep_logs: bool = False) -> None:
         with contextlib.suppress(Exception):
@@ -164,6 +187,7 @@ class RealNode:
             kubeconfig=kubeconfig, ca=ca.cert, socket=self.socket, port=self.kubelet_port,
             healthz_port=free_port(), pause_image=PAUSE_IMAGE,
             labels={"vlm-testbed/real-node": "true", **self.labels}, verbosity=self.verbosity)
+        self._kubelet_t0 = time.monotonic()
         self._spawn("kubelet", [*enter, *args])
         if self.gpus:
             self._spawn("device-plugin", [
