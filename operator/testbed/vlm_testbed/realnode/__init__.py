@@ -17,6 +17,7 @@ Modules: config (network, containerd config, kubelet flags, mount namespace), im
 """
 
 from .images import PAUSE_IMAGE, STANDIN_IMAGES, pause_image, standin_image
-from .node import GPU, RealNode
+from .node import GPU, RealNode, real_nodes
 
-__all__ = ["GPU", "PAUSE_IMAGE", "STANDIN_IMAGES", "RealNode", "pause_image", "standin_image"]
+__all__ = ["GPU", "PAUSE_IMAGE", "STANDIN_IMAGES", "RealNode", "pause_image", "real_nodes",
+           "standin_image"]

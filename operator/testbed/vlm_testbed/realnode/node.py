@@ -12,7 +12,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from . import config as cfg
 from .images import PAUSE_IMAGE, import_image, pause_image, standin_image
 
 GPU = "nvidia.com/gpu"
+_CA_LOCK = threading.Lock()  # the CA's serial file is shared by nodes started side by side
 
 
 class RealNode:
@@ -156,8 +160,9 @@ class RealNode:
         assert self.net is not None
         self.name = self.name or f"real-node-{self.net.index}"
         ca = self.cp.ca
-        crt, key = ca.issue(f"node-{self.name}", f"system:node:{self.name}",
-                            orgs=["system:nodes"])
+        with _CA_LOCK:
+            crt, key = ca.issue(f"node-{self.name}", f"system:node:{self.name}",
+                                orgs=["system:nodes"])
         kubeconfig = write_kubeconfig(root / "kubelet.kubeconfig", self.cp.server, ca.cert,
                                       crt, key, f"system:node:{self.name}")
         cfg.prepare_fixed_paths(root)
@@ -302,3 +307,23 @@ class RealNode:
             with contextlib.suppress(OSError):
                 if os.readlink(f"/proc/{pid}/ns/mnt") == self._holder_ns:
                     os.kill(int(pid), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def real_nodes(control_plane: Any, count: int, **kwargs: Any) -> Iterator[list[RealNode]]:
+    """`count` RealNodes started side by side (each picks the next free network), stopped
+    together; `kwargs` go to each RealNode."""
+    build(node=True)  # once, before the threads
+    nodes = [RealNode(control_plane, **kwargs) for _ in range(count)]
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(n.start) for n in nodes]
+        errors = []
+        for n, f in zip(nodes, futures, strict=True):
+            try:
+                f.result()
+                stack.callback(n.stop)
+            except BaseException as exc:  # the others still get stopped by the stack
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        yield nodes
