@@ -8,7 +8,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from vlm_testbed.controlplane.certs import write_kubeconfig
 from vlm_testbed.controlplane.processes import _die_with_parent, _kill_group, free_port, tail
 
 from . import config as cfg
+from . import stale
 from .images import PAUSE_IMAGE, import_image, pause_image, standin_image
 
 GPU = "nvidia.com/gpu"
@@ -42,7 +42,8 @@ class RealNode:
     stop() deletes the node's pods and its Node, then stops only what it started: the
     kubelet, the device plugin, the containers (through its containerd), containerd and the
     processes left in its mount namespace; the namespace goes with its mounts; then the bridge
-    and the node's directory."""
+    and the node's directory. Start it from a thread that outlives it: its processes get
+    SIGTERM when the thread that started them ends (PR_SET_PDEATHSIG follows the thread)."""
 
     def __init__(self, control_plane: Any, index: int | None = None, *, name: str | None = None,
                  gpus: int = 4, images: bool = True, ready_timeout_s: float = 120.0,
@@ -144,6 +145,7 @@ class RealNode:
         if self._bridge_added and self.net is not None:
             cfg.ip("link", "del", self.net.bridge, check=False)
             self._bridge_added = False
+            stale.forget(self.net.index)
         if self.root is not None:
             if keep_logs:
                 for d in ("containerd", "kubelet"):
@@ -207,6 +209,8 @@ class RealNode:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            for root in stale.clean_stale():
+                print(f"real node: removed what a dead test run left in {root}", file=sys.stderr)
             candidates = [self.index] if self.index is not None else range(1, 250)
             for i in candidates:
                 assert i is not None
@@ -214,6 +218,8 @@ class RealNode:
                 if not cfg.bridge_exists(net.bridge):
                     cfg.add_bridge(net)
                     self.net, self._bridge_added = net, True
+                    assert self.root is not None
+                    stale.record(i, self.root)
                     return
             raise ControlPlaneError(f"bridge for node index {self.index} exists already "
                                     "(another node, or one left by a killed run: ip link del)")
@@ -296,26 +302,31 @@ class RealNode:
             self.ctr("containers", "delete", c, timeout=20)
 
     def _kill_namespace(self) -> None:
-        """SIGKILL what is still in the node's mount namespace (shims, ...) but the holder:
-        only processes this node started are in there."""
+        """SIGKILL what is still in the node's mount namespace (shims, ...) but the holder, and
+        every process below them first (a container whose shim died would live on): only
+        processes this node started are in there."""
         if not self._holder_ns:
             return
         holder = self.procs.get("holder")
+        pids = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or (holder and int(pid) == holder.pid):
                 continue
             with contextlib.suppress(OSError):
                 if os.readlink(f"/proc/{pid}/ns/mnt") == self._holder_ns:
-                    os.kill(int(pid), signal.SIGKILL)
+                    pids.append(int(pid))
+        stale.kill_with_descendants(pids)
 
 
 @contextlib.contextmanager
 def real_nodes(control_plane: Any, count: int, **kwargs: Any) -> Iterator[list[RealNode]]:
     """`count` RealNodes started side by side (each picks the next free network), stopped
-    together; `kwargs` go to each RealNode."""
+    together; `kwargs` go to each RealNode. The threads that start them live until the nodes
+    are stopped: a node's processes get SIGTERM when the thread that started them ends
+    (PR_SET_PDEATHSIG follows the thread)."""
     build(node=True)  # once, before the threads
     nodes = [RealNode(control_plane, **kwargs) for _ in range(count)]
-    with contextlib.ExitStack() as stack, ThreadPoolExecutor(count) as pool:
+    with ThreadPoolExecutor(count) as pool, contextlib.ExitStack() as stack:
         futures = [pool.submit(n.start) for n in nodes]
         errors = []
         for n, f in zip(nodes, futures, strict=True):
