@@ -99,3 +99,37 @@ def test_restart_request_annotation_reaches_the_container_file(api, ns, node):
 
     wait_for("the annotation in the downwardAPI file", seen, 60, 0.05)
     print(f"annotation -> file in {time.monotonic() - t0:.2f} s")
+
+
+def test_a_second_node_beside_the_first_has_its_own_network_gpus_and_logs(control_plane, api,
+                                                                         node):
+    """Two kubelets on one machine: each its own bridge and /24, device-plugin socket and pod
+    logs (the kubelet keeps those at fixed paths: each node's mount namespace has its own)."""
+    from vlm_testbed.controlplane import ready_namespace
+    from vlm_testbed.realnode import GPU, RealNode
+    from vlm_testbed.realnode.pods import standin_pod
+
+    v1 = client.CoreV1Api(api)
+    ns = ready_namespace(api, f"realnode-second-{time.time_ns() % 10**6}")
+    try:
+        with RealNode(control_plane, gpus=1, labels={"vlm-testbed/second": "true"}) as second:
+            assert second.net.subnet != node.net.subnet
+            first_gpus = v1.read_node(node.name).status.allocatable[GPU]
+            assert (first_gpus, v1.read_node(second.name).status.allocatable[GPU]) == ("4", "1")
+            for name, target in (("on-first", node), ("on-second", second)):
+                body = standin_pod(name)
+                body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": target.name}
+                v1.create_namespaced_pod(ns, body)
+            pods = {n: wait_for(f"{n} Ready", lambda n=n: (p := v1.read_namespaced_pod(n, ns))
+                                and is_ready(p) and p, 90, 0.2) for n in ("on-first", "on-second")}
+            for name, target in (("on-first", node), ("on-second", second)):
+                assert ipaddress.ip_address(pods[name].status.pod_ip) in ipaddress.ip_network(
+                    target.net.subnet)
+                assert "Starting vLLM server" in v1.read_namespaced_pod_log(name, ns)
+            env = environ(second.task_pid(running_id(pods["on-second"])))
+            assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{second.name}-0"
+        # the second node gone: the first one's pod and logs are untouched
+        assert is_ready(v1.read_namespaced_pod("on-first", ns))
+        assert "Starting vLLM server" in v1.read_namespaced_pod_log("on-first", ns)
+    finally:
+        v1.delete_namespace(ns)
