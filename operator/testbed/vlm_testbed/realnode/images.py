@@ -183,6 +183,13 @@ def _images_dir() -> Path:
     return d
 
 
+def _drop_older(out: Path, prefix: str) -> None:
+    """Keep one tarball per image: the one just written (an older one is of other content)."""
+    for old in out.parent.glob(f"{prefix}-*.tar"):
+        if old != out:
+            old.unlink(missing_ok=True)
+
+
 def standin_image(tags: Sequence[str] = STANDIN_IMAGES) -> Path:
     """The stand-in image's docker-archive (built once per content, then cached)."""
     import vllm_tokenizer_pool
@@ -234,6 +241,7 @@ def standin_image(tags: Sequence[str] = STANDIN_IMAGES) -> Path:
                   "Entrypoint": ["vllm", "serve"], "WorkingDir": "/",
                   "ExposedPorts": {"8000/tcp": {}}}
         _docker_archive(out, Path(layer_file.name), tags, config)
+    _drop_older(out, "vllm-standin")
     return out
 
 
@@ -251,6 +259,7 @@ def pause_image() -> Path:
         layer_file.flush()
         _docker_archive(out, Path(layer_file.name), [PAUSE_IMAGE],
                         {"Entrypoint": ["/pause"], "WorkingDir": "/"})
+    _drop_older(out, "pause")
     return out
 
 
