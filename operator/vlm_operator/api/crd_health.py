@@ -4,8 +4,9 @@ stalled engine and an unresponsive API server, and the limits on what it does ab
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
+from vlm_operator.api.actions import POLICY
 
-ACTIONS = ["Restart", "ScaleDown", "Ignore"]
+ACTIONS = [a.value for a in POLICY]  # spec.health's action fields, as the schema lists them
 
 
 def signature_policy(what: str, threshold: int, window: int, action: str) -> s.Schema:

@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vlm_operator.api.actions import Action
 from vlm_operator.api.validation import with_defaults
-from vlm_operator.remediation.incidents import REPLACE, SCALE_DOWN
 
-RESTART, IGNORE = "Restart", "Ignore"
-ACTIONS = (RESTART, SCALE_DOWN, REPLACE)
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 
@@ -37,7 +35,7 @@ INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays 
 class Rule:
     threshold: int
     window_s: float
-    action: str
+    action: Action
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +57,19 @@ def health_policy_from_spec(spec: Mapping) -> HealthPolicy:
     Each of spec.health.extraSignatures gets a rule of its own, keyed `extra:<name>`."""
     health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
     rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
-                       health[key]["action"])
+                       Action(health[key]["action"]))
              for key in ("tokenizerRetry", "engineDead", "gpuError")}
     # one stall or unresponsive-API verdict is the incident (stalls/watch.py counts for it)
     stalled = health["engineStalled"]
     rules["engineStalled"] = Rule(1, max(INCIDENT_WINDOW_S, 2.0 * stalled["stallSeconds"]),
-                                  stalled["action"])
-    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S, health["apiUnresponsive"]["action"])
+                                  Action(stalled["action"]))
+    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S,
+                                    Action(health["apiUnresponsive"]["action"]))
     mapping = dict(SIGNATURE_POLICY)
     for extra in health.get("extraSignatures") or []:
         key = f"extra:{extra['name']}"
-        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]), extra["action"])
+        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]),
+                          Action(extra["action"]))
         mapping[extra["name"]] = key
     return HealthPolicy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
                         mapping, in_place=health["recovery"] == "InPlace")

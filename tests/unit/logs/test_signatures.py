@@ -513,7 +513,7 @@ def test_extra_signature_matches_message_of_record_start_only():
     ({"name": "a", "regex": "abc(?:x{1000}){1000}", "action": "event"}, "for RE2 (invalid rep"),
     ({"name": "a", "regex": ".*EngineDeadError", "action": "event"}, "[0].regex: must start"),
     ({"name": "a", "regex": "ab?cdef", "action": "event"}, "[0].regex: must start"),
-    ({"name": "a", "regex": "abc", "action": "reboot"}, "[0].action: unknown action 'reboot'"),
+    ({"name": "a", "regex": "abc", "action": "reboot"}, "[0].action: unknown class 'reboot'"),
     ({"name": "a", "regex": "abc", "action": "event", "severity": "meh"}, "[0].severity"),
     ({"name": "a", "regex": "abc", "action": "event", "files": ["../x"]}, "[0].files"),
     ({"name": "a", "regex": "abc", "action": "event", "files": []}, "[0].files"),
