@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from vllm_tokenizer_pool import plugin
 
+from vllm_tokenizer_pool import plugin
 from vlm_operator.api import versions
 from vlm_operator.api.validation import VLMDeployment
 
