@@ -18,6 +18,7 @@ from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api.health_signals import NOT_FROM_LOG
 from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
@@ -31,7 +32,6 @@ from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLED, LOG_MARKS
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
-from vlm_operator.remediation.policy import NOT_FROM_LOG
 from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.remediation.suspect import GpuError
 

@@ -13,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from vlm_operator.api.actions import Action
+from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Report
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import is_ready
 from vlm_operator.remediation.incidents import restarts_in_hour
-from vlm_operator.remediation.policy import NOT_SERVING, HealthPolicy
+from vlm_operator.remediation.policy import HealthPolicy
 from vlm_operator.remediation.steps import Step
 
 

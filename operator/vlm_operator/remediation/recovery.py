@@ -16,6 +16,7 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api.actions import Action
+from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Event
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import restart_count
@@ -24,7 +25,6 @@ from vlm_operator.remediation import actions, events, guards, ladder, suspect
 from vlm_operator.remediation.decide import RemediationPlan
 from vlm_operator.remediation.incidents import Incident
 from vlm_operator.remediation.intake import Case
-from vlm_operator.remediation.policy import NOT_SERVING
 
 log = logging.getLogger(__name__)
 
