@@ -3,7 +3,7 @@
 
 A signature's name is part of the API: Events, metrics and the remediation policy name it, and
 a user's extra signature may not take a built-in's name. Spec validation (api/validation.py)
-compiles users' signatures here, before any log is read; logs/signatures.py matches log lines
+compiles users' signatures here, before any log is read; logs/matcher.py matches log lines
 against them (its docstring has the threat model these rules serve).
 """
 

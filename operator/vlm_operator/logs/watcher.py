@@ -23,7 +23,7 @@ from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import kept_pod, owner_name
-from vlm_operator.logs import signatures, stream
+from vlm_operator.logs import matcher, stream
 from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
@@ -33,7 +33,7 @@ from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLE
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.remediator import Remediator
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.suspect import GpuFault
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class LogWatch:
                 follower.stop()
             self.followers.by_uid.clear()
 
-    def extra_signatures(self, namespace: str, name: str) -> tuple[signatures.Signature, ...]:
+    def extra_signatures(self, namespace: str, name: str) -> tuple[matcher.Signature, ...]:
         owner = self.remediator.known(namespace, name)
         return owner.extra if owner is not None else ()
 
@@ -319,7 +319,7 @@ class LogWatch:
             "failure they show is not detected from the log"))
 
     # -- detections (from follower threads)
-    def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
+    def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None:
         DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
         if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
             proc = det.line.proc if det.line is not None and det.line.proc else "engine"
@@ -339,7 +339,7 @@ class LogWatch:
         if det.signature == "engine_dead":
             follower.engine_dead_at = t
         if det.signature == "gpu_error":  # the ladder's input: its node is suspect
-            follower.gpu_error = GpuError(t, det.fields.get("error", det.variant))
+            follower.gpu_error = GpuFault(t, det.fields.get("error", det.variant))
         if not follower.owner or not self._still_ours(follower):
             return
         try:

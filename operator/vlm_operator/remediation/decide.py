@@ -9,7 +9,7 @@ or long-held line), it was already acted on (an action in flight names it), it w
 container the kubelet has restarted in place since (the line's time is before the current
 container's start: a late line, one read from the previous log), the pod is already
 going away or being acted on, /health answers 200 for an engine said to be dead (log lines are
-evidence, not proof: see logs/signatures.py), the pod's back-off after a failed attempt, the
+evidence, not proof: see logs/matcher.py), the pod's back-off after a failed attempt, the
 VLMDeployment's restart budget, and minAvailable (remediation/guards.py). When the pod still
 serves and removing it would break minAvailable, it is replaced instead: one extra replica is
 surged (if a GPU is free once the VLMDeployment's pending claims took theirs), and the sick pod

@@ -37,7 +37,7 @@ RUNG_EVENTS = {ladder.Rung.AWAIT_EXIT: "PodFenced", ladder.Rung.RESTART_REQUEST:
 class Recovery:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  engine_dead: Callable[[str], bool], plugin_loaded: Callable[[str], bool],
-                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
+                 gpu_error: Callable[[str], suspect.GpuFault | None] = lambda uid: None,
                  kubelet: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF) -> None:
         """`reconcile(ns, name)` publishes status; `engine_dead(uid)`: the pod's current
         container logged engine death; `plugin_loaded(uid)`: the engine plugin's startup line is

@@ -71,7 +71,7 @@ class Remediator:
                  replica_fits: Callable[[VLMDeployment, int], bool] | None = None,
                  engine_dead: Callable[[str], bool] = lambda uid: False,
                  plugin_loaded: Callable[[str], bool] = lambda uid: False,
-                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
+                 gpu_error: Callable[[str], suspect.GpuFault | None] = lambda uid: None,
                  leaving_nodes: Callable[[], Mapping[str, Leaving]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,

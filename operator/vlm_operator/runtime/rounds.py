@@ -14,7 +14,7 @@ from __future__ import annotations
 from vlm_operator.api import crd
 from vlm_operator.api.validation import SpecError, parse
 from vlm_operator.autoscaling.autoscaler import Autoscaler, metric_names
-from vlm_operator.autoscaling.decide import scaling_policy_from_spec
+from vlm_operator.autoscaling.recommend import scaling_policy_from_spec
 from vlm_operator.desired import children
 from vlm_operator.engine.reachability import PodReads
 from vlm_operator.engine.reader import Scraper

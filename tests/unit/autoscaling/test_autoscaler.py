@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vlm_operator.api.names import FENCE
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.autoscaling.pod_states import pod_state

@@ -18,7 +18,7 @@ from vlm_operator.api.log_signatures import (
     compile_extra_signatures,
 )
 from vlm_operator.logs.header import parse_line, split_line
-from vlm_operator.logs.signatures import Scanner, match
+from vlm_operator.logs.matcher import Scanner, match
 
 DATA = Path(__file__).parent.parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
@@ -587,7 +587,7 @@ def test_distinct_process_prefixes_keep_bounded_state():
     finally:
         tracemalloc.stop()
     assert kept < 256 * 1024, f"{kept} bytes kept for 100,000 distinct processes"
-    from vlm_operator.logs.signatures import MAX_PROCESSES
+    from vlm_operator.logs.matcher import MAX_PROCESSES
 
     assert sc.processes == MAX_PROCESSES
 
