@@ -32,7 +32,8 @@ from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLED, LOG_MARKS
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
-from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.context import Reporter
+from vlm_operator.remediation.intake import Owner
 from vlm_operator.remediation.suspect import GpuFault
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,24 @@ class Heartbeats(Protocol):
     def forget(self, uid: str) -> None: ...
 
 
+class Remediation(Reporter, Protocol):
+    """What log watching uses of the Remediator besides reporting detections: its state per
+    VLMDeployment (read for the policy and the user's signatures), reading it afresh, waking
+    it, forgetting a pod, its conditions, stopping it."""
+
+    def known(self, namespace: str, name: str) -> Owner | None: ...
+
+    def refresh(self, namespace: str, name: str) -> dict | None: ...
+
+    def wake(self) -> None: ...
+
+    def forget_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def reports(self, namespace: str, name: str) -> list[Report]: ...
+
+    def stop(self) -> None: ...
+
+
 class _NoHeartbeats:
     """No stall detection reads them: heartbeats are dropped."""
 
@@ -65,7 +84,7 @@ class LogWatch:
     """Owns the followers; registered as a report provider on the Reconciler."""
 
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None],
-                 remediator: Remediator, followers: Followers, *,
+                 remediator: Remediation, followers: Followers, *,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
                  heartbeats: Heartbeats | None = None,

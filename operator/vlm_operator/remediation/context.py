@@ -1,6 +1,8 @@
-"""What the multi-step actions' driver (in_flight.py) and the node drain handling (drains.py)
-use of the Remediator: a narrow interface, so those modules never import the Remediator (which
-imports them) and a test can hand them any object with these members."""
+"""What other parts use of the Remediator, each a narrow interface: the multi-step actions'
+driver (in_flight.py) and the node drain handling (drains.py) an ActionContext, so they never
+import the Remediator (which imports them); the detectors (logs/, stalls/) a Reporter, the
+periodic round (runtime/rounds.py) a RoundTaker. A test can hand each any object with these
+members."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from vlm_operator.api.reports import Event
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.remediation.incidents import InFlight
@@ -44,3 +47,23 @@ class ActionContext(Protocol):
                         add: InFlight | None = None, remove: str | None = None) -> None: ...
 
     def spare_gpus(self, owner: Owner, pending: int) -> bool | None: ...
+
+
+class Reporter(Protocol):
+    """Where a detector hands what it found."""
+
+    def report(self, namespace: str, name: str, *, uid: str, pod: str, signature: str,
+               t: float, count: Callable[[str, float], int], detail: str = "") -> None:
+        """A detection of `signature` on the pod at time t (count: the detections in a
+        window, for the incident's threshold)."""
+
+    def post_event(self, namespace: str, name: str, pod: dict | None, event: Event,
+                   body: dict | None = None) -> None: ...
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        """Refresh the VLMDeployment's status (a condition the detector reports changed)."""
+
+
+class RoundTaker(Protocol):
+    def round(self, body: dict, pods: list[dict]) -> None:
+        """One VLMDeployment's periodic round: its recorded actions and leaving nodes."""

@@ -240,16 +240,26 @@ def test_a_replace_keeps_its_surge_until_the_deployment_counts_the_sick_pod_out(
     assert parse_in_flight(annotations) == {} and published == ["rep"]  # the surge ends
 
 
-def test_the_remediator_is_the_context_its_actions_are_driven_with():
-    """in_flight.py and drains.py see the Remediator only through context.ActionContext: every
-    member the protocol names is there (a rename on one side fails here, not in a cluster)."""
-    from vlm_operator.remediation.context import ActionContext, Driver
+def test_the_remediator_is_what_each_part_takes_it_for():
+    """The other parts see the Remediator only through narrow Protocols (context.py, and log
+    watching's own): every member each names is there, so a rename on one side fails here,
+    not in a cluster."""
+    from vlm_operator.logs.watcher import Remediation
+    from vlm_operator.remediation.context import ActionContext, Driver, Reporter, RoundTaker
 
     rem = remediator(FakeKube(), [])
-    members = {*ActionContext.__annotations__,
-               *(n for n, v in vars(ActionContext).items()
-                 if callable(v) and not n.startswith("_"))}
-    assert members >= {"kube", "owner", "write_in_flight", "drain_timeout_s"}
-    assert [m for m in sorted(members) if not hasattr(rem, m)] == []
-    assert callable(getattr(rem.in_flight, next(iter(
-        n for n in vars(Driver) if not n.startswith("_")))))
+
+    def members(protocol) -> set[str]:
+        names = set()
+        for cls in protocol.__mro__:
+            if cls is object or cls.__name__ in ("Protocol", "Generic"):
+                continue
+            names |= set(getattr(cls, "__annotations__", {}))
+            names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+        return names
+
+    assert members(ActionContext) >= {"kube", "owner", "write_in_flight", "drain_timeout_s"}
+    assert members(Remediation) >= {"report", "post_event", "known", "stop"}
+    for protocol in (ActionContext, Reporter, RoundTaker, Remediation):
+        assert [m for m in sorted(members(protocol)) if not hasattr(rem, m)] == [], protocol
+    assert [m for m in members(Driver) if not hasattr(rem.in_flight, m)] == []
