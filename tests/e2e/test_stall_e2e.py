@@ -39,9 +39,11 @@ def bed(api, cluster, operator):
         yield b
 
 
-def delta(before, after, name, **labels):
-    """How much a counter of the session operator grew (other tests' counts cancel out)."""
-    return metric(after, name, **labels) - metric(before, name, **labels)
+def delta(ns, before, after, name, **labels):
+    """How much a counter of the session operator grew for the VLMDeployments of namespace ns
+    (other tests' series cancel out, or vanish when their VLMDeployments are deleted)."""
+    return (metric(after, name, vlmdeployment_namespace=ns, **labels)
+            - metric(before, name, vlmdeployment_namespace=ns, **labels))
 
 
 def last(bed, name="st"):
@@ -85,14 +87,15 @@ def test_a_frozen_engine_is_restarted(bed, operator, case):
         "engine_stalled", "Restart", pod.metadata.name)
     assert said in why["reason"], why["reason"]
     after = operator.metrics()
-    assert delta(before, after, "vlm_operator_detections_total", signature="engine_stalled") == 1
+    assert delta(bed.ns, before, after,
+                 "vlm_operator_detections_total", signature="engine_stalled") == 1
     if how == "canary":
         # describe says which counters stood still, for how long, and what the canary got
         assert "vllm:generation_tokens_total" in why["reason"]
         assert "vlm-operator-canary-" in why["reason"] and "no answer in 4 s" in why["reason"]
-        assert delta(before, after, "vlm_operator_canaries_total", result="timeout") >= 1
+        assert delta(bed.ns, before, after, "vlm_operator_canaries_total", result="timeout") >= 1
     else:  # the heartbeat decided: no canary was needed
-        assert delta(before, after, "vlm_operator_canaries_total") == 0
+        assert delta(bed.ns, before, after, "vlm_operator_canaries_total") == 0
 
 
 def test_one_long_step_within_its_bound_is_not_restarted(bed, operator):
@@ -111,10 +114,11 @@ def test_one_long_step_within_its_bound_is_not_restarted(bed, operator):
     assert not seen.events["PodRestarted"] and seen.touched == [], seen.events
     assert prompt_done(ip, tokens_before)  # it completed
     after = operator.metrics()
-    assert delta(before, after, "vlm_operator_detections_total", signature="engine_stalled") == 0
-    assert delta(before, after, "vlm_operator_detections_total",
+    assert delta(bed.ns, before, after,
+                 "vlm_operator_detections_total", signature="engine_stalled") == 0
+    assert delta(bed.ns, before, after, "vlm_operator_detections_total",
                  signature="engine_heartbeat") >= 4  # read all along
-    assert delta(before, after, "vlm_operator_canaries_total") == 0
+    assert delta(bed.ns, before, after, "vlm_operator_canaries_total") == 0
 
 
 def test_no_heartbeat_behind_an_api_key_reports_the_detector_off(bed, operator):
@@ -134,8 +138,8 @@ def test_no_heartbeat_behind_an_api_key_reports_the_detector_off(bed, operator):
     seen = bed.follow("st", 1, set(), time.time(), until=lambda: False, timeout=20, settle=0)
     assert seen.events["StallDetectionOff"] == 1 and not seen.events["PodRestarted"]
     after = operator.metrics()
-    assert delta(before, after, "vlm_operator_canaries_total", result="unauthorized") == 1
-    assert delta(before, after, "vlm_operator_canaries_total", result="timeout") == 0
+    assert delta(bed.ns, before, after, "vlm_operator_canaries_total", result="unauthorized") == 1
+    assert delta(bed.ns, before, after, "vlm_operator_canaries_total", result="timeout") == 0
 
 
 def test_an_api_server_that_answers_nothing_is_reported_apart(bed, operator):
@@ -153,8 +157,10 @@ def test_an_api_server_that_answers_nothing_is_reported_apart(bed, operator):
     assert checks and int(checks.group(1)) >= 3, why["reason"]
     assert "the kubelet's readiness probe fails too (Ready=False)" in why["reason"]
     after = operator.metrics()
-    assert delta(before, after, "vlm_operator_detections_total", signature="api_unresponsive") == 1
-    assert delta(before, after, "vlm_operator_detections_total", signature="engine_stalled") == 0
+    assert delta(bed.ns, before, after,
+                 "vlm_operator_detections_total", signature="api_unresponsive") == 1
+    assert delta(bed.ns, before, after,
+                 "vlm_operator_detections_total", signature="engine_stalled") == 0
 
 
 def test_busy_and_idle_engines_are_never_stalled(bed, operator):
@@ -173,8 +179,9 @@ def test_busy_and_idle_engines_are_never_stalled(bed, operator):
     seen = bed.follow("st", 2, set(), time.time(), until=lambda: False, timeout=5, settle=0)
     after = operator.metrics()
     for signature in ("engine_stalled", "api_unresponsive"):
-        assert delta(before, after, "vlm_operator_detections_total", signature=signature) == 0
+        assert delta(bed.ns, before, after,
+                     "vlm_operator_detections_total", signature=signature) == 0
     assert seen.touched == [] and not seen.events["PodRestarted"]
     # the idle pod's canaries came back (a canary that reached the busy pod just before its
     # load may time out behind the queue: its counters moved meanwhile, so no verdict)
-    assert delta(before, after, "vlm_operator_canaries_total", result="answered") >= 3
+    assert delta(bed.ns, before, after, "vlm_operator_canaries_total", result="answered") >= 3
