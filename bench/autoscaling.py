@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from common import machine
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.desired import children
 
 ROOT = Path(__file__).resolve().parents[1]
