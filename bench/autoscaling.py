@@ -7,7 +7,7 @@ and, after the load is cleared, from the clear to the scale-down being written
 (scaleDownDelaySeconds=2, plus the drain round).
 
 Part 2 (simulated time): steady noisy load for 10 minutes is replayed through the pure decision
-function (autoscaling.decide) at 1 s rounds, and through an HPA-like rule on the same trace
+function (autoscaling.recommend) at 1 s rounds, and through an HPA-like rule on the same trace
 (sync every 15 s, desired = ceil(current * per-pod metric / target) with 10 % tolerance,
 scale-up at once, scale-down to the highest recommendation of the last 300 s). Each trace is a
 sum-of-waiting-requests series: mean m plus AR(1) noise and Poisson bursts, spread evenly over
@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from common import machine
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.desired import children
 
 ROOT = Path(__file__).resolve().parents[1]

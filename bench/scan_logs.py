@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from common import machine
+from vlm_operator.logs.matcher import Scanner
 from vlm_operator.logs.scan_logs import main
-from vlm_operator.logs.signatures import Scanner
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT.parent / "shared" / "data" / "vllm-logs"

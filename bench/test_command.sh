@@ -20,9 +20,10 @@ if (( wipe )); then
   rm -rf "$HOME/.cache" "$HOME/.npm"
   SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
   # hack/install-deps.sh's PKGS less those a Debian 12 image ships (dpkg-dev, openssl, make,
-  # xz-utils: removing them would take more than the test command ever installed)
+  # xz-utils, iproute2: removing them would take more than the test command ever installed)
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -q golang-go etcd-server rsync \
-    golang-github-modern-go-reflect2-dev prometheus iptables >/dev/null
+    golang-github-modern-go-reflect2-dev prometheus iptables containerd runc \
+    containernetworking-plugins >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get autoremove -y -q >/dev/null
   $SUDO apt-get clean
   $SUDO rm -f /etc/apt/sources.list.d/vlm-operator-bookworm-src.sources

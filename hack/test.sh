@@ -85,6 +85,15 @@ VLM_TESTBED_POD_NET=201 phase "e2e ($E2E_WORKERS workers)" .venv/bin/pytest test
   -m "not slow" -n "$E2E_WORKERS" --dist loadscope -p no:cacheprovider \
   --junitxml="$results/e2e.xml" || rc=1
 
+# Real nodes: a real kubelet on its own containerd, runc and CNI bridge (vlm_testbed.realnode,
+# the kubelet built with the control plane), running the operator's pod spec; they mostly wait
+# on the kubelet, so they run in the background beside the engine tests (nothing there is
+# timed). Needs root: elsewhere they are skipped, and counted as skipped.
+say "real-node tests (a real kubelet, containerd and runc): in the background (log: $results/realnode.log)"
+phase "real nodes (background)" .venv/bin/pytest tests/realnode -p no:cacheprovider \
+  --junitxml="$results/realnode.xml" >"$results/realnode.log" 2>&1 &
+realnode=$!
+
 say "engine venvs (waiting for the background build)"
 wait "$envs" || rc=1
 tail -n 20 "$results/envs.log"
@@ -101,6 +110,9 @@ engine_a=$!
 phase "engine vllm (b)" hack/test-engine-vllm.sh "${VLLM_ENVS_B[@]}" || rc=1
 wait "$engine_a" || rc=1
 cat "$results/engine-a.log"
+wait "$realnode" || rc=1
+say "real-node tests"
+tail -n 40 "$results/realnode.log"
 
 printf '%-28s %5d s\n' "total" $((SECONDS - t0)) >>"$results/phases.txt"
 say "phases"

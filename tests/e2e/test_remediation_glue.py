@@ -17,6 +17,7 @@ from kube_helpers import events, wait_for
 from kubernetes import client
 
 from vlm_operator.api import crd
+from vlm_operator.api.actions import Action
 from vlm_operator.api.names import DRAIN_SINCE, IN_FLIGHT
 from vlm_operator.autoscaling.autoscaler import put_out_of_service
 from vlm_operator.desired import children
@@ -25,7 +26,7 @@ from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
 from vlm_operator.reconcile.reconciler import Reconciler
 from vlm_operator.remediation import incidents
-from vlm_operator.remediation.incidents import REPLACE, SCALE_DOWN, Incident, InFlight
+from vlm_operator.remediation.incidents import Incident, InFlight
 from vlm_operator.remediation.remediator import Remediator
 
 SLOW = {"health": {"tokenizerRetry": {"threshold": 1, "windowSeconds": 60,
@@ -190,7 +191,7 @@ def test_a_drain_waits_out_unreadable_metrics(api, kube, namespace, made, metric
     made.append(rem)
     rem.incident(namespace, "glue", storm(sick, "sick"))
     record = incidents.parse_in_flight(get(kube, namespace)["metadata"]["annotations"])[sick]
-    assert record.action == SCALE_DOWN and record.replicas == 2
+    assert record.action == Action.SCALE_DOWN and record.replicas == 2
     core = client.CoreV1Api(api)
     assert core.read_namespaced_pod("sick", namespace).metadata.labels[
         children.IN_SERVICE_LABEL] == "false"
@@ -228,7 +229,7 @@ def test_a_fresh_process_finishes_a_drain_another_began(api, kube, namespace, ma
     idle = metrics_server(running=0)
     sick = pod(api, namespace, "sick", ip=idle.ip) if pod_left else "uid-gone"
     pod(api, namespace, "fine")
-    record = InFlight(SCALE_DOWN, "sick", sick, "tokenizer_retry", time.time() - 5,
+    record = InFlight(Action.SCALE_DOWN, "sick", sick, "tokenizer_retry", time.time() - 5,
                       time.time() - 5, 3)
     kube.patch_vlmd_annotations(namespace, "glue", {IN_FLIGHT: incidents.in_flight_value(
         {sick: record})})
@@ -242,7 +243,7 @@ def test_a_fresh_process_finishes_a_drain_another_began(api, kube, namespace, ma
     # a record whose replica step already happened (spec no longer the count it began with)
     # is closed without lowering again
     kube.patch_vlmd_annotations(namespace, "glue", {IN_FLIGHT: incidents.in_flight_value(
-        {"uid-x": InFlight(SCALE_DOWN, "x", "uid-x", "s", 1.0, time.time(), 3)})})
+        {"uid-x": InFlight(Action.SCALE_DOWN, "x", "uid-x", "s", 1.0, time.time(), 3)})})
     again = Remediator(kube, lambda ns, name: None).start()
     made.append(again)
     again.refresh(namespace, "glue")
@@ -264,7 +265,7 @@ def test_the_last_serving_replica_is_replaced_not_removed(api, kube, namespace, 
     rem.incident(namespace, "glue", storm(sick, "sick"))
     body = get(kube, namespace)
     assert incidents.surge(body["metadata"]["annotations"]) == 1
-    assert body["status"]["lastRemediation"]["action"] == REPLACE
+    assert body["status"]["lastRemediation"]["action"] == Action.REPLACE
     assert published, "status was not refreshed: the Deployment would not surge"
     (report,) = [r for r in rem.reports(namespace, "glue") if r.type == "Remediating"]
     assert (report.status, report.reason) == ("True", "ReplacingPod")

@@ -1,5 +1,5 @@
 """The plugin's engine heartbeat (vllm_tokenizer_pool/heartbeat.py): its bookkeeping, its line,
-and the line's contract with the operator's signature (logs/signatures.py). The hook on vLLM's real
+and the line's contract with the operator's signature (logs/matcher.py). The hook on vLLM's real
 scheduler is tested per vLLM release in tests/engine/test_plugin_vllm.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_tokenizer_pool import heartbeat
-from vlm_operator.logs import signatures
+from vlm_operator.logs import matcher
 from vlm_operator.stalls import verdicts
 
 
@@ -81,7 +81,7 @@ def test_the_period_setting(raw, period):
 def test_every_line_the_plugin_writes_is_read_by_the_operator(every, steps, in_flight, step_s,
                                                                 tokens, running, waiting):
     line = heartbeat.heartbeat_line(every, steps, in_flight, step_s, tokens, running, waiting)
-    det = signatures.match(f"(EngineCore pid=7) INFO 12-01 20:58:03 [heartbeat.py:162] {line}")
+    det = matcher.match(f"(EngineCore pid=7) INFO 12-01 20:58:03 [heartbeat.py:162] {line}")
     assert det is not None and det.signature == "engine_heartbeat", line
     b = verdicts.beat(det.fields, None, 0.0, 0.0)
     assert (b.every, b.steps, b.in_flight, b.step_tokens, b.running, b.waiting) == (

@@ -4,8 +4,8 @@
 `get_crd()`; tests fail when the generated files drift from it. The schema is written by part:
 crd_spec.py (the spec), crd_health.py (spec.health), crd_autoscaling.py (spec.autoscaling),
 crd_gateway.py (spec.gateway), crd_status.py (the status); crd_peering.py holds kopf's peering
-CRDs. The names readers use (`crd.GROUP`, `crd.ACTIONS`, `crd.autoscaling_mode`, ...) are all
-reachable here.
+CRDs. The names readers use (`crd.GROUP`, `crd.autoscaling_mode`, ...) are all reachable here;
+the actions its fields accept are api/actions.py's.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 from vlm_operator.api import crd_spec, crd_status
 from vlm_operator.api import schema as s
 
-# the parts' names, for the CRD's readers (crd.ACTIONS, crd.autoscaling_mode, ...)
+# the parts' names, for the CRD's readers (crd.autoscaling_mode, ...)
 from vlm_operator.api.crd_autoscaling import AUTOSCALING_MODES, autoscaling_mode  # noqa: F401
 from vlm_operator.api.crd_gateway import inference_pool  # noqa: F401
-from vlm_operator.api.crd_health import ACTIONS  # noqa: F401
 from vlm_operator.api.crd_peering import get_peering_crds
 from vlm_operator.api.crd_spec import DEFAULT_IMAGE, DTYPES  # noqa: F401
 from vlm_operator.api.crd_status import CONDITION_TYPES  # noqa: F401

@@ -4,8 +4,10 @@ stalled engine and an unresponsive API server, and the limits on what it does ab
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
+from vlm_operator.api.actions import POLICY
+from vlm_operator.api.health_signals import LOG, SIGNALS, signal
 
-ACTIONS = ["Restart", "ScaleDown", "Ignore"]
+ACTIONS = [a.value for a in POLICY]  # spec.health's action fields, as the schema lists them
 
 
 def signature_policy(what: str, threshold: int, window: int, action: str) -> s.Schema:
@@ -31,16 +33,9 @@ def health() -> s.Schema:
     return s.obj(
         "How the operator reacts to failure signatures in the vLLM logs.",
         {
-            "tokenizerRetry": signature_policy(
-                "`Failed to acquire tokenizer` retry warnings", 5, 60, "Restart"),
-            "engineDead": signature_policy(
-                "engine death (EngineDeadError)", 1, 60, "Restart"),
-            "gpuError": signature_policy(
-                "a GPU or driver fault (a CUDA error such as an illegal memory access, an "
-                "uncorrectable ECC error, an unspecified launch failure; NCCL's unhandled cuda "
-                "error) as the first exception of a traceback vLLM logs; with recovery "
-                "InPlace the pod is replaced by a new one, never restarted in place on the "
-                "same GPU", 1, 60, "Restart"),
+            **{sig.field: signature_policy(sig.what, sig.threshold, sig.window_s,
+                                           sig.action.value)
+               for sig in SIGNALS if sig.source == LOG},
             "engineStalled": s.obj(
                 "A hung engine: /health still answers but nothing progresses. Where the "
                 "vlm-operator plugin runs, its engine heartbeat (a log line every 5 s "
@@ -69,7 +64,8 @@ def health() -> s.Schema:
                         "stallSeconds run out, so less than stallSeconds.",
                         default=10, minimum=1, maximum=600),
                     "action": s.string("What to do about a stalled pod (as for the "
-                                       "other signals).", default="Restart",
+                                       "other signals).",
+                                       default=signal("engineStalled").action.value,
                                        enum=ACTIONS),
                 },
                 default={},
@@ -84,7 +80,8 @@ def health() -> s.Schema:
                     "timeouts": s.integer(
                         "Consecutive checks where both timed out that trigger the "
                         "action.", default=3, minimum=1, maximum=100),
-                    "action": s.string("What to do about it.", default="Restart",
+                    "action": s.string("What to do about it.",
+                                       default=signal("apiUnresponsive").action.value,
                                        enum=ACTIONS),
                 },
                 default={},

@@ -3,7 +3,7 @@
 
 A signature's name is part of the API: Events, metrics and the remediation policy name it, and
 a user's extra signature may not take a built-in's name. Spec validation (api/validation.py)
-compiles users' signatures here, before any log is read; logs/signatures.py matches log lines
+compiles users' signatures here, before any log is read; logs/matcher.py matches log lines
 against them (its docstring has the threat model these rules serve).
 """
 
@@ -22,7 +22,8 @@ SEVERITIES = ("info", "warning", "error", "critical")
 # live), event (for a human), record (status and metrics only). The operator does not act on
 # the class: what it does about a detection is the VLMDeployment's spec.health rule for the
 # signature (remediation/policy.py), and a spec's own signatures are all `remediate`.
-ACTIONS = ("restart", "remediate", "event", "record")
+# (Named classes, not actions: the operator's actions are api/actions.py's.)
+CLASSES = ("restart", "remediate", "event", "record")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_LOGGING_PREFIX = 64  # characters of VLLM_LOGGING_PREFIX (validation refuses longer ones)
 
@@ -241,8 +242,8 @@ def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatu
             raise SignatureConfigError(f"{at}.name: duplicate signature name {name!r}")
         seen.add(name)
         action = d.get("action")
-        if action not in ACTIONS:
-            raise SignatureConfigError(f"{at}.action: unknown action {action!r}; one of {ACTIONS}")
+        if action not in CLASSES:
+            raise SignatureConfigError(f"{at}.action: unknown class {action!r}; one of {CLASSES}")
         severity = d.get("severity", "warning")
         if severity not in SEVERITIES:
             raise SignatureConfigError(

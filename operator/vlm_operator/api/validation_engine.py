@@ -126,7 +126,7 @@ def _env_problems(env: Any) -> list[str]:
 def _logging_env_problems(name: str, var: dict, where: str) -> list[str]:
     """vLLM logging settings that would leave the operator unable to read the log: engine
     death, tokenizer retries and the tokenizer pool's startup line are read from lines with
-    vLLM's header (logs/signatures.py), which these settings decide."""
+    vLLM's header (logs/matcher.py), which these settings decide."""
     if var.get("valueFrom") is not None:
         return [f"{where}.valueFrom: {name} must be a literal value: the operator reads vLLM's "
                 "log with it and cannot know a value taken from a Secret, ConfigMap or field"]

@@ -7,11 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from vlm_operator.api import log_signatures
+from vlm_operator.api.health_signals import FIELDS
 from vlm_operator.api.schema import section
-
-# spec.health policies with an action (besides extraSignatures).
-ACTION_FIELDS = ("tokenizerRetry", "engineDead", "gpuError", "engineStalled",
-                 "apiUnresponsive")
 
 
 def signature_problems(spec: dict) -> list[str]:
@@ -36,7 +33,7 @@ def health_actions(spec: dict) -> list[tuple[str, Any]]:
     """(field, action) of every spec.health policy."""
     health = section(spec, "health")
     out = [(f"spec.health.{key}.action", section(health, key).get("action"))
-           for key in ACTION_FIELDS]
+           for key in FIELDS]
     extra = health.get("extraSignatures")
     for i, sig in enumerate(extra if isinstance(extra, list) else []):
         if isinstance(sig, dict):

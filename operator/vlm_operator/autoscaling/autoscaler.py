@@ -1,4 +1,5 @@
-"""The Builtin autoscaler's acting side: scrape pods, ask autoscaling/decide.py, write the results.
+"""The Builtin autoscaler's acting side: scrape pods, ask autoscaling/recommend.py, write the
+results.
 
 One `tick` per Builtin VLMDeployment every second (runtime/rounds.py, with the round's pods and
 their /metrics readings). Replicas are
@@ -44,7 +45,7 @@ from vlm_operator import metrics
 from vlm_operator.api import crd
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.autoscaling import starts
 from vlm_operator.autoscaling.budget import GpuBudget, placement
 from vlm_operator.autoscaling.pod_states import fenced, pod_state, removed_elsewhere

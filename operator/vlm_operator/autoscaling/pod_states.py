@@ -3,7 +3,7 @@ remediation fenced it (recovering in place: capacity on its way back), or is rem
 
 from __future__ import annotations
 
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import is_ready
 from vlm_operator.remediation import ladder

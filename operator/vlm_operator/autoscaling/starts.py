@@ -6,7 +6,7 @@ compile cache, CUDA graphs), so status.autoscaling shows, for each replica not R
 when it starts and when it is expected to serve: the creation time plus the median of the
 last STARTS_KEPT starts seen for this VLMDeployment. Before any start was seen the expectation
 is unknown, and said so, rather than guessed. The decision itself needs no estimate: replicas
-still starting count as capacity on the way (autoscaling/decide.py), so load they will take
+still starting count as capacity on the way (autoscaling/recommend.py), so load they will take
 never scales up again.
 
 A start is counted only where it can be dated: creation to the first Ready of the pod's first

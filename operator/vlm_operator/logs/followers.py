@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 from vlm_operator.logs.stream import Follower
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.suspect import GpuFault
 
 
 class Followers:
@@ -25,7 +25,7 @@ class Followers:
         follower = self.get(uid)
         return follower is not None and follower.engine_dead_at is not None
 
-    def gpu_error(self, uid: str) -> GpuError | None:
+    def gpu_error(self, uid: str) -> GpuFault | None:
         """The last GPU fault the pod's log showed, in any of its containers (None: none)."""
         follower = self.get(uid)
         return follower.gpu_error if follower is not None else None

@@ -19,7 +19,7 @@ from typing import BinaryIO, TextIO
 
 from vlm_operator.api.log_signatures import Signature, SignatureConfigError
 from vlm_operator.api.log_signatures import compile_extra_signatures as _compile
-from vlm_operator.logs.signatures import Scanner
+from vlm_operator.logs.matcher import Scanner
 
 _GZIP_MAGIC = b"\x1f\x8b"
 COUNTED_ONLY = frozenset({"engine_heartbeat"})

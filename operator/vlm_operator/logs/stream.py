@@ -44,7 +44,7 @@ from vlm_operator.k8s.pods import (
     restart_count,
     rfc3339,
 )
-from vlm_operator.logs import marks, signatures
+from vlm_operator.logs import marks, matcher
 from vlm_operator.logs.budget import LineBudget
 from vlm_operator.logs.header import logging_prefix
 from vlm_operator.logs.lines import Dedupe, LineSplitter
@@ -66,7 +66,7 @@ from vlm_operator.metrics import (
     LOG_PREVIOUS_UNREADABLE,
     LOG_RECONNECTS,
 )
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.suspect import GpuFault
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Sink(Protocol):
 
     def extra_signatures(self, namespace: str, owner: str) -> tuple: ...
 
-    def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None: ...
+    def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None: ...
 
     def follower_ended(self, follower: Follower) -> None: ...
 
@@ -113,15 +113,15 @@ class Follower(threading.Thread):
         self.woken = threading.Event()  # a pod event came (hand) or the follower stops
         self.restarts = restart_count(pod)
         self.prefix = logging_prefix(pod)  # None: not known (from valueFrom)
-        self.extra: tuple[signatures.Signature, ...] = ()
-        self.scanner = signatures.Scanner((), self.prefix or "")
+        self.extra: tuple[matcher.Signature, ...] = ()
+        self.scanner = matcher.Scanner((), self.prefix or "")
         self.dedupe = Dedupe()
         # what this container instance said about the tokenizer pool: "active", "inactive:
         # <reason>" (any inactive line wins: one process's active line must not hide another's
         # failure) or None (no startup line yet)
         self.plugin: str | None = None
         self.engine_dead_at: float | None = None
-        self.gpu_error: GpuError | None = None  # the pod's last one (its GPU outlives containers)
+        self.gpu_error: GpuFault | None = None  # the pod's last one (its GPU outlives containers)
         self.readable_before = False  # the resume mark says vLLM's header was seen before it
         self.reading_since: float | None = None  # when this container's log began to be read
         # the log time (the kubelet's timestamp, else when it came) of the last line delivered
@@ -268,7 +268,7 @@ class Follower(threading.Thread):
     def _new_instance(self) -> None:
         """A new container instance: fresh scanner state; the dedupe mark stays (times only
         grow), so a re-read of lines already counted never counts them again."""
-        self.scanner = signatures.Scanner(self.extra, self.prefix or "")
+        self.scanner = matcher.Scanner(self.extra, self.prefix or "")
         self._gap = self._gap_cr = False
         self.plugin = None
         self.engine_dead_at = None
@@ -368,7 +368,7 @@ class Follower(threading.Thread):
             extra = self.sink.extra_signatures(self.namespace, self.owner)
             if extra is not self.extra:  # the VLMDeployment's extraSignatures changed
                 self.extra = extra
-                self.scanner = signatures.Scanner(extra, self.prefix or "")
+                self.scanner = matcher.Scanner(extra, self.prefix or "")
             detections = self.scanner.feed(line)
         except Exception as exc:  # a bad line must never stop the stream, nor flood our log
             LOG_LINE_ERRORS.labels("scan").inc()

@@ -18,11 +18,12 @@ from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api.health_signals import NOT_FROM_LOG
 from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import kept_pod, owner_name
-from vlm_operator.logs import signatures, stream
+from vlm_operator.logs import matcher, stream
 from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import MAX_REPLAY_S, Mark
@@ -31,9 +32,9 @@ from vlm_operator.logs.throttle import Throttled
 from vlm_operator.metrics import DETECTIONS, LOG_LINE_ERRORS, LOG_LINES_THROTTLED, LOG_MARKS
 from vlm_operator.remediation import findings as pod_status
 from vlm_operator.remediation import incidents
-from vlm_operator.remediation.policy import NOT_FROM_LOG
-from vlm_operator.remediation.remediator import Remediator
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.context import Reporter
+from vlm_operator.remediation.intake import Owner
+from vlm_operator.remediation.suspect import GpuFault
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,24 @@ class Heartbeats(Protocol):
              source: Follower, stamp: float) -> None: ...
 
     def forget(self, uid: str) -> None: ...
+
+
+class Remediation(Reporter, Protocol):
+    """What log watching uses of the Remediator besides reporting detections: its state per
+    VLMDeployment (read for the policy and the user's signatures), reading it afresh, waking
+    it, forgetting a pod, its conditions, stopping it."""
+
+    def known(self, namespace: str, name: str) -> Owner | None: ...
+
+    def refresh(self, namespace: str, name: str) -> dict | None: ...
+
+    def wake(self) -> None: ...
+
+    def forget_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def reports(self, namespace: str, name: str) -> list[Report]: ...
+
+    def stop(self) -> None: ...
 
 
 class _NoHeartbeats:
@@ -65,7 +84,7 @@ class LogWatch:
     """Owns the followers; registered as a report provider on the Reconciler."""
 
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None],
-                 remediator: Remediator, followers: Followers, *,
+                 remediator: Remediation, followers: Followers, *,
                  may_mark: Callable[[str], bool] | None = None,
                  mark_every_s: float = stream.MARK_EVERY_S,
                  heartbeats: Heartbeats | None = None,
@@ -171,7 +190,7 @@ class LogWatch:
                 follower.stop()
             self.followers.by_uid.clear()
 
-    def extra_signatures(self, namespace: str, name: str) -> tuple[signatures.Signature, ...]:
+    def extra_signatures(self, namespace: str, name: str) -> tuple[matcher.Signature, ...]:
         owner = self.remediator.known(namespace, name)
         return owner.extra if owner is not None else ()
 
@@ -319,7 +338,7 @@ class LogWatch:
             "failure they show is not detected from the log"))
 
     # -- detections (from follower threads)
-    def detected(self, follower: Follower, det: signatures.Detection, t: float) -> None:
+    def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None:
         DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
         if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
             proc = det.line.proc if det.line is not None and det.line.proc else "engine"
@@ -339,7 +358,7 @@ class LogWatch:
         if det.signature == "engine_dead":
             follower.engine_dead_at = t
         if det.signature == "gpu_error":  # the ladder's input: its node is suspect
-            follower.gpu_error = GpuError(t, det.fields.get("error", det.variant))
+            follower.gpu_error = GpuFault(t, det.fields.get("error", det.variant))
         if not follower.owner or not self._still_ours(follower):
             return
         try:

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api import admin_policy, crd
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, parse, validate
-from vlm_operator.autoscaling import decide as autoscaling
+from vlm_operator.autoscaling import recommend as autoscaling
 from vlm_operator.autoscaling.autoscaler import put_out_of_service
 from vlm_operator.desired import autoscaler_objects, children, inference_pool
 from vlm_operator.k8s.kube import Kube, now_iso, priority_value, secret_labels

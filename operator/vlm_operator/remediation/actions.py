@@ -21,7 +21,7 @@ from vlm_operator.remediation.incidents import (
     history_value,
     in_flight_value,
     merged_history,
-    parse_in_flight,
+    read_in_flight,
 )
 
 CONFLICT_RETRIES = 5
@@ -89,14 +89,15 @@ def write_in_flight(kube: Kube, namespace: str, name: str, *, add: InFlight | No
         body = kube.get_vlmd(namespace, name)
         if body is None:
             return None
-        records = parse_in_flight(body["metadata"].get("annotations"))
+        read = read_in_flight(body["metadata"].get("annotations"))
+        records = read.records
         if add is not None:
             records[add.uid] = add
         if remove is not None:
             records.pop(remove, None)
         try:
             kube.patch_vlmd_annotations(
-                namespace, name, {IN_FLIGHT: in_flight_value(records)},
+                namespace, name, {IN_FLIGHT: in_flight_value(records, read.unknown)},
                 resource_version=body["metadata"].get("resourceVersion"))
         except ApiException as exc:
             if exc.status == 409 and attempt < CONFLICT_RETRIES - 1:

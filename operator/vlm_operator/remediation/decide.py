@@ -9,7 +9,7 @@ or long-held line), it was already acted on (an action in flight names it), it w
 container the kubelet has restarted in place since (the line's time is before the current
 container's start: a late line, one read from the previous log), the pod is already
 going away or being acted on, /health answers 200 for an engine said to be dead (log lines are
-evidence, not proof: see logs/signatures.py), the pod's back-off after a failed attempt, the
+evidence, not proof: see logs/matcher.py), the pod's back-off after a failed attempt, the
 VLMDeployment's restart budget, and minAvailable (remediation/guards.py). When the pod still
 serves and removing it would break minAvailable, it is replaced instead: one extra replica is
 surged (if a GPU is free once the VLMDeployment's pending claims took theirs), and the sick pod
@@ -25,16 +25,11 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from vlm_operator.api.actions import Action
 from vlm_operator.api.reports import Report
 from vlm_operator.remediation.guards import PodView, needs_replacement, others_ready
-from vlm_operator.remediation.incidents import (
-    NODE_DRAIN,
-    REPLACE,
-    Incident,
-    InFlight,
-    restarts_in_hour,
-)
-from vlm_operator.remediation.policy import IGNORE, HealthPolicy, Rule
+from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight, restarts_in_hour
+from vlm_operator.remediation.policy import HealthPolicy, Rule
 from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S, UNSCHEDULABLE_S
 
 
@@ -119,7 +114,7 @@ def decide(request: PlanRequest) -> RemediationPlan:
     if count < rule.threshold:
         return skip(Reason.BELOW_THRESHOLD, f"{count}/{rule.threshold} {signature} in "
                     f"{rule.window_s:g} s")
-    if rule.action == IGNORE:
+    if rule.action == Action.IGNORE:
         return skip(Reason.IGNORED, f"{signature} on {pod}: the policy says Ignore")
     if now - incident.last >= rule.window_s:
         return skip(Reason.EXPIRED, f"{signature} on {pod}: the last detection is "
@@ -151,9 +146,9 @@ def decide(request: PlanRequest) -> RemediationPlan:
         others = others_ready(views, pod)
         if r.spare_gpus:
             return RemediationPlan(
-                REPLACE, Reason.ACT, f"{what}: Replace (it still serves and only {others} other "
-                f"pods are ready, spec.health.minAvailable={policy.min_available}): a "
-                "replacement comes up first", pod, incident.uid)
+                Action.REPLACE, Reason.ACT, f"{what}: Replace (it still serves and only "
+                f"{others} other pods are ready, spec.health.minAvailable="
+                f"{policy.min_available}): a replacement comes up first", pod, incident.uid)
         why = ("no GPU is free for a replacement on a node its pods may use"
                if r.spare_gpus is False else "the free GPUs could not be read")
         return skip(Reason.MIN_AVAILABLE, f"removing {pod} would leave {others} ready pods, "
@@ -173,10 +168,10 @@ def remediating_report(in_flight: Mapping[str, InFlight],
     for record in sorted(in_flight.values(), key=lambda r: r.pod):
         why = (f"its node {record.node} is being drained" if record.signature == NODE_DRAIN
                else record.signature)
-        if record.action == REPLACE and record.drain_since is not None:
+        if record.action == Action.REPLACE and record.drain_since is not None:
             reason = reason or "DrainingPod"
             parts.append(f"draining {record.pod} ({why}) before removing it")
-        elif record.action == REPLACE and not record.surge:
+        elif record.action == Action.REPLACE and not record.surge:
             reason = reason or "WaitingForCapacity"
             left = "; a cordon alone never lets it go" if record.node_since is None else ""
             if now is not None and record.node_since is not None:
@@ -185,7 +180,7 @@ def remediating_report(in_flight: Mapping[str, InFlight],
             parts.append(f"{record.pod} keeps serving on leaving node {record.node} "
                          f"(minAvailable protects it) while no GPU is free elsewhere for a "
                          f"replacement{left}")
-        elif record.action == REPLACE:
+        elif record.action == Action.REPLACE:
             reason = reason or "ReplacingPod"
             parts.append(f"replacing {record.pod} ({why}): waiting for a replacement to "
                          "become ready" + (

@@ -17,16 +17,16 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
+from vlm_operator.api.actions import Action
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.remediation import actions, events, guards
+from vlm_operator.remediation.context import ActionContext
 from vlm_operator.remediation.incidents import (
     NODE_DRAIN,
-    REPLACE,
     InFlight,
     parse_in_flight,
     pending_claims,
@@ -36,13 +36,10 @@ from vlm_operator.remediation.intake import Owner
 from vlm_operator.remediation.policy import HealthPolicy
 from vlm_operator.remediation.steps import Step
 
-if TYPE_CHECKING:
-    from vlm_operator.remediation.remediator import Remediator
-
 log = logging.getLogger(__name__)
 
 
-def leaving_nodes(rem: Remediator) -> Mapping[str, Leaving] | None:
+def leaving_nodes(rem: ActionContext) -> Mapping[str, Leaving] | None:
     """Nodes that are leaving (None: not known, or not looked for)."""
     if rem.leaving_nodes is None:
         return None
@@ -56,7 +53,7 @@ def leaving_nodes(rem: Remediator) -> Mapping[str, Leaving] | None:
 def unnoted(record: InFlight, node: Leaving) -> bool:
     """Whether a Replace's record has yet to note that its pod's node is leaving, or that the
     node now shows a drain (its drain wait starts then)."""
-    return record.action == REPLACE and (
+    return record.action == Action.REPLACE and (
         not record.node or (node.drain and record.node_since is None))
 
 
@@ -89,7 +86,7 @@ def _action(view: guards.PodView, views: list[guards.PodView], policy: HealthPol
     return None if action == Step.DELETE and not node.drain else action
 
 
-def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
+def on_round(rem: ActionContext, body: dict, pods: list[dict]) -> None:
     """The round's look for the VLMDeployment's pods on leaving nodes (body, pods: the
     round's snapshot, from the watch-fed cache); acted on after a fresh read."""
     meta = body["metadata"]
@@ -109,7 +106,7 @@ def on_round(rem: Remediator, body: dict, pods: list[dict]) -> None:
             node_drains(rem, owner, leaving=leaving)
 
 
-def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, Leaving]) -> None:
+def node_drains(rem: ActionContext, owner: Owner, *, leaving: Mapping[str, Leaving]) -> None:
     """The VLMDeployment's pods on leaving nodes, read afresh (owner.lock held)."""
     namespace, name = owner.namespace, owner.name
     body = rem.refresh(namespace, name)
@@ -134,12 +131,12 @@ def node_drains(rem: Remediator, owner: Owner, *, leaving: Mapping[str, Leaving]
                          leaving[node])
         if action == Step.DELETE:
             _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node].why)
-        elif action == REPLACE:
+        elif action == Action.REPLACE:
             _protect(rem, pod, owner=owner, body=body, pods=pods, node=node,
                      leaving=leaving[node], now=now)
 
 
-def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
+def _release(rem: ActionContext, pod: dict, *, owner: Owner, body: dict, node: str,
              why: str) -> None:
     """A pod that serves nothing whose eviction the budget refuses: delete it."""
     namespace, name = owner.namespace, owner.name
@@ -152,7 +149,7 @@ def _release(rem: Remediator, pod: dict, *, owner: Owner, body: dict, node: str,
     events.post(rem.kube, namespace, name, pod, Event("Normal", "NodeDrainReleased", text), body)
 
 
-def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list[dict],
+def _protect(rem: ActionContext, pod: dict, *, owner: Owner, body: dict, pods: list[dict],
              node: str, leaving: Leaving, now: float) -> None:
     """A serving pod minAvailable protects on a leaving node: a Replace of its own, with a
     surge when a replica fits elsewhere, else waiting for capacity (let go after the drain
@@ -161,7 +158,7 @@ def _protect(rem: Remediator, pod: dict, *, owner: Owner, body: dict, pods: list
     meta = pod["metadata"]
     records = parse_in_flight(body["metadata"].get("annotations"))
     spare = rem.spare_gpus(owner, pending_claims(records, pods))
-    record = InFlight(REPLACE, meta["name"], meta["uid"], NODE_DRAIN, now, now,
+    record = InFlight(Action.REPLACE, meta["name"], meta["uid"], NODE_DRAIN, now, now,
                       int(body["spec"].get("replicas", 1)), surge=bool(spare),
                       before=actions.pod_uids(pods) if spare else (), node=node,
                       node_since=now if leaving.drain else None)

@@ -1,5 +1,6 @@
 """What the Remediator tells: Events on the pod and its VLMDeployment, status.lastRemediation,
-and the texts of the Events a multi-step action ends or times out with."""
+and the texts of the Events a multi-step action ends or times out with, or its records' annotation
+read with findings."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ import time
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api import annotation_json
+from vlm_operator.api.actions import MULTI_STEP
+from vlm_operator.api.names import IN_FLIGHT
 from vlm_operator.api.reports import Event
 from vlm_operator.k8s.kube import Kube, now_iso
-from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight
+from vlm_operator.remediation.incidents import (
+    MAX_IN_FLIGHT,
+    NODE_DRAIN,
+    Incident,
+    InFlight,
+    InFlightRead,
+)
 from vlm_operator.remediation.steps import UNSCHEDULABLE_S, Step
 
 log = logging.getLogger(__name__)
@@ -91,3 +101,23 @@ def replace_ended(record: InFlight, step: Step, *, replicas: int, now: float,
         text += ("; it waits for the node drain's limit (--node-drain-wait-seconds="
                  f"{node_drain_wait_s:g}; a cordon alone has none)")
     return Event(kind, reason, text)
+
+
+def in_flight_read(read: InFlightRead, unknown: tuple[str, ...]) -> list[Event]:
+    """What to say about an IN_FLIGHT annotation read with records dropped or unknown actions
+    (`unknown`: their names)."""
+    out = []
+    if read.dropped or read.unreadable:
+        out.append(Event("Warning", "InFlightRecordsDropped", (
+            f"annotation {IN_FLIGHT} is unreadable (longer than {annotation_json.MAX_CHARS} "
+            f"characters, nested deeper than {annotation_json.MAX_DEPTH} or not a JSON object):"
+            " no action is driven from it, and the next one recorded replaces it"
+            if read.unreadable else
+            f"{read.dropped} record(s) of annotation {IN_FLIGHT} dropped: not a record the "
+            f"operator reads, or past the first {MAX_IN_FLIGHT} per VLMDeployment")))
+    if unknown:
+        out.append(Event("Warning", "InFlightActionUnknown", (
+            f"{len(read.unknown)} record(s) of annotation {IN_FLIGHT} name an action this "
+            f"operator does not know ({', '.join(unknown)}; it knows {', '.join(MULTI_STEP)}):"
+            " kept as written and not driven; an operator of a newer version wrote them?")))
+    return out

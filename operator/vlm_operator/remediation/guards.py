@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from vlm_operator.api.actions import Action
+from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Report
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import is_ready
-from vlm_operator.remediation.incidents import REPLACE, restarts_in_hour
-from vlm_operator.remediation.policy import NOT_SERVING, HealthPolicy
+from vlm_operator.remediation.incidents import restarts_in_hour
+from vlm_operator.remediation.policy import HealthPolicy
 from vlm_operator.remediation.steps import Step
 
 
@@ -77,7 +79,7 @@ def node_drain_action(pod: PodView, pods: Iterable[PodView], policy: HealthPolic
     The PodDisruptionBudget (minAvailable ready pods) refuses the eviction of a ready pod when
     the others ready are fewer than minAvailable, and, unless it allows the eviction of
     unhealthy pods (unhealthyPodEvictionPolicy AlwaysAllow), of a pod that is not ready while
-    fewer than minAvailable are. REPLACE: the pod serves and minAvailable protects it: a
+    fewer than minAvailable are. Action.REPLACE: the pod serves and minAvailable protects it: a
     replacement comes up elsewhere first (or it waits for capacity, for a bounded time).
     DELETE: it serves nothing and the budget would refuse its eviction: nothing is lost by
     deleting it, and the drain goes on."""
@@ -86,7 +88,7 @@ def node_drain_action(pod: PodView, pods: Iterable[PodView], policy: HealthPolic
         return None
     ready = sum(1 for p in views if p.ready and not p.deleting)
     if pod.serves and pod.in_service:
-        return REPLACE if needs_replacement(views, pod.name, policy) else None
+        return Action.REPLACE if needs_replacement(views, pod.name, policy) else None
     if pod.ready:  # out of the Service: another action is draining it
         return None
     return Step.DELETE if not always_allow and ready < policy.min_available else None

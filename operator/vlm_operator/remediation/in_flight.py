@@ -11,21 +11,18 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.api import annotation_json
-from vlm_operator.api.names import IN_FLIGHT
+from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.engine import reader
 from vlm_operator.k8s.pods import is_active, is_running, unschedulable_s
 from vlm_operator.remediation import actions, drains, events, guards, steps
+from vlm_operator.remediation.context import ActionContext
 from vlm_operator.remediation.incidents import (
-    MAX_IN_FLIGHT,
     NODE_DRAIN,
-    SCALE_DOWN,
     InFlight,
     InFlightRead,
     parse_in_flight,
@@ -37,9 +34,6 @@ from vlm_operator.remediation.incidents import (
 from vlm_operator.remediation.intake import Owner
 from vlm_operator.remediation.policy import backoff_s, health_policy_from_spec
 from vlm_operator.remediation.steps import Step
-
-if TYPE_CHECKING:
-    from vlm_operator.remediation.remediator import Remediator
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -58,7 +52,7 @@ class InFlightDriver:
     VLMDeployment (Kube.list_pods); a record naming any other uid finds no pod and is
     finished without touching one, GONE_PER_PASS of them a pass."""
 
-    def __init__(self, rem: Remediator) -> None:
+    def __init__(self, rem: ActionContext) -> None:
         self.rem = rem
         self.kube = rem.kube
         self._lock = threading.Lock()
@@ -137,24 +131,20 @@ class InFlightDriver:
 
     def tell_dropped(self, namespace: str, name: str, read: InFlightRead,
                      body: dict) -> None:
-        """A warning and an Event, once for each new finding, when records were dropped."""
-        key, seen = (namespace, name), (read.unreadable, read.dropped)
+        """A warning and an Event, once for each new finding, when records were dropped or name
+        an action this operator does not know."""
+        unknown = tuple(sorted({str(e.get("action"))[:64] for e in read.unknown.values()}))
+        key, seen = (namespace, name), (read.unreadable, read.dropped, unknown)
         with self._lock:
-            if seen == (False, 0):
+            if seen == (False, 0, ()):
                 self._told.pop(key, None)
                 return
             if self._told.get(key) == seen:
                 return
             self._told[key] = seen
-        text = (f"annotation {IN_FLIGHT} is unreadable (longer than {annotation_json.MAX_CHARS}"
-                f" characters, nested deeper than {annotation_json.MAX_DEPTH} or not a JSON "
-                "object): no action is driven from it, and the next one recorded replaces it"
-                if read.unreadable else
-                f"{read.dropped} record(s) of annotation {IN_FLIGHT} dropped: not an action "
-                f"the operator records, or past the first {MAX_IN_FLIGHT} per VLMDeployment")
-        log.warning("%s/%s: %s", namespace, name, text)
-        events.post(self.kube, namespace, name, None,
-                    Event("Warning", "InFlightRecordsDropped", text), body)
+        for event in events.in_flight_read(read, unknown):
+            log.warning("%s/%s: %s", namespace, name, event.message)
+            events.post(self.kube, namespace, name, None, event, body)
 
     def step(self, namespace: str, name: str, owner: Owner, uid: str) -> bool:
         """One step of the action on pod `uid`, chosen from the cluster as it is now; True when
@@ -170,14 +160,18 @@ class InFlightDriver:
         now = time.time()
         if not present and not steps.settled(pod, now):
             return False  # terminating: the count drops once the ReplicaSet saw it go
-        lowers = record.action == SCALE_DOWN or record.surge  # spec.replicas drops at the end
+        # spec.replicas drops at the end
+        lowers = record.action == Action.SCALE_DOWN or record.surge
         if not present and lowers and not self._counted_out(namespace, name, body, record,
                                                             pods, now):
             return False
         at = _At(namespace, name, owner, body, record, pods, pod, present, now)
-        if record.action == SCALE_DOWN:
-            return self._scale_down_step(at)
-        return self._replace_step(at)
+        match record.action:
+            case Action.SCALE_DOWN:
+                return self._scale_down_step(at)
+            case Action.REPLACE:
+                return self._replace_step(at)
+        raise UnknownAction(record.action, f"the in-flight record of {record.pod}")
 
     def _counted_out(self, namespace: str, name: str, body: dict, record: InFlight,
                      pods: list[dict], now: float) -> bool:

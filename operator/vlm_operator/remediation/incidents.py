@@ -19,14 +19,14 @@ import json
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from vlm_operator.api import annotation_json
+from vlm_operator.api.actions import Action, recorded
 from vlm_operator.api.names import HISTORY, IN_FLIGHT  # noqa: F401 (incidents.HISTORY)
 
 HOUR = 3600.0
 MAX_HISTORY = 1000  # remediation times kept on a VLMDeployment (the budget counts far fewer)
-REPLACE, SCALE_DOWN = "Replace", "ScaleDown"
 
 
 class Windows:
@@ -149,7 +149,7 @@ class InFlight:
     pod go `node_since` (a drain first seen; None for a cordon alone, which never lets it go) +
     the node drain wait later unless a replacement is on its way by then."""
 
-    action: str  # SCALE_DOWN (drain, delete, lower replicas) | REPLACE (surge, drain, delete)
+    action: Action  # SCALE_DOWN (drain, delete, lower replicas) | REPLACE (surge, drain, delete)
     pod: str
     uid: str
     signature: str  # what it acts on: a failure signature, or NODE_DRAIN
@@ -181,43 +181,56 @@ class InFlightRead:
     records: dict[str, InFlight]
     unreadable: bool = False  # the text is too long, too deep or not JSON: no record kept
     dropped: int = 0  # entries that are no record, or past MAX_IN_FLIGHT
+    # entries naming an action this operator does not know (a newer operator's): kept as
+    # written (in_flight_value writes them back), never driven, and said
+    unknown: dict[str, dict] = field(default_factory=dict)
 
 
 def read_in_flight(annotations: Mapping[str, str] | None) -> InFlightRead:
     """The IN_FLIGHT annotation by pod uid (bounded: annotation_json). Entries that cannot be
     read are dropped, and so is every record past the first MAX_IN_FLIGHT in uid order: the
-    operator never has that many actions open on one VLMDeployment, so more are forged."""
+    operator never has that many actions open on one VLMDeployment, so more are forged. An
+    entry whose action this operator does not know is kept apart, as written."""
     raw = (annotations or {}).get(IN_FLIGHT)
-    records, unreadable, dropped = (_read_text(raw) if isinstance(raw, str) or raw is None
-                                    else ((), True, 0))
-    return InFlightRead(dict(records), unreadable, dropped)
+    if not (isinstance(raw, str) or raw is None):
+        return InFlightRead({}, unreadable=True)
+    records, unknown, unreadable, dropped = _read_text(raw)
+    return InFlightRead(dict(records), unreadable, dropped,
+                        {uid: json.loads(text) for uid, text in unknown})
 
 
 @functools.lru_cache(maxsize=32)
-def _read_text(raw: str | None) -> tuple[tuple[tuple[str, InFlight], ...], bool, int]:
+def _read_text(raw: str | None) -> tuple[tuple[tuple[str, InFlight], ...],
+                                         tuple[tuple[str, str], ...], bool, int]:
     """read_in_flight of one annotation text, kept for the next read of the same text: each
     round reads it several times (whether a round is due, the remediator's round, node
     drains, the autoscaler), and a forged one may be 256 KiB. 32 texts are kept (8 MiB of
-    text at most, and the records read from it)."""
+    text at most, and the records read from it). The unknown entries come as JSON texts."""
     data = annotation_json.read(raw)
     if data is annotation_json.UNREADABLE or (data is not None and not isinstance(data, dict)):
-        return (), True, 0
-    entries = sorted((data or {}).items())
-    out = tuple((uid, record) for uid, entry in entries[:MAX_IN_FLIGHT]
+        return (), (), True, 0
+    entries = sorted((data or {}).items())[:MAX_IN_FLIGHT]
+    out = tuple((uid, record) for uid, entry in entries
                 if (record := _record(uid, entry)) is not None)
-    return out, False, len(entries) - len(out)
+    unknown = tuple((uid, json.dumps(entry, sort_keys=True)) for uid, entry in entries
+                    if isinstance(entry, dict) and isinstance(entry.get("action"), str)
+                    and recorded(entry["action"]) is None)
+    return out, unknown, False, len(data or {}) - len(out) - len(unknown)
 
 
 def _record(uid: str, entry: object) -> InFlight | None:
     """One entry as a record, or None: a missing or mistyped field, an action the operator
-    does not record, a time that is not finite."""
+    does not record (read_in_flight keeps those apart), a time that is not finite."""
     try:
+        action = recorded(entry["action"])
+        if action is None:
+            return None
         drain_since, node_since = entry.get("drain_since"), entry.get("node_since")
         before = entry.get("before") or ()
         if not isinstance(before, list | tuple):
             return None
         record = InFlight(
-            str(entry["action"]), str(entry["pod"]), str(uid),
+            action, str(entry["pod"]), str(uid),
             str(entry.get("signature", "")), float(entry["incident"]),
             float(entry["since"]), int(entry["replicas"]),
             bool(entry.get("surge", True)),
@@ -230,10 +243,7 @@ def _record(uid: str, entry: object) -> InFlight | None:
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     times = (record.incident, record.since, record.drain_since, record.node_since)
-    if record.action not in (REPLACE, SCALE_DOWN) or not all(
-            t is None or math.isfinite(t) for t in times):
-        return None
-    return record
+    return record if all(t is None or math.isfinite(t) for t in times) else None
 
 
 def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight]:
@@ -241,21 +251,23 @@ def parse_in_flight(annotations: Mapping[str, str] | None) -> dict[str, InFlight
     return read_in_flight(annotations).records
 
 
-def in_flight_value(records: Mapping[str, InFlight]) -> str | None:
-    """The annotation value for these records (fields at their defaults left out); None
-    removes the annotation."""
-    if not records:
-        return None
-    return json.dumps({uid: {k: list(v) if isinstance(v, tuple) else v
-                             for k, v in asdict(r).items()
-                             if k != "uid" and (k not in _OPTIONAL or v != _OPTIONAL[k])}
-                       for uid, r in sorted(records.items())}, sort_keys=True)
+def in_flight_value(records: Mapping[str, InFlight],
+                    unknown: Mapping[str, dict] | None = None) -> str | None:
+    """The annotation value for these records (fields at their defaults left out) and the
+    entries of actions this operator does not know, as they were written; None removes the
+    annotation."""
+    entries = {**(unknown or {}),
+               **{uid: {k: list(v) if isinstance(v, tuple) else v
+                        for k, v in asdict(r).items()
+                        if k != "uid" and (k not in _OPTIONAL or v != _OPTIONAL[k])}
+                  for uid, r in records.items()}}
+    return json.dumps(entries, sort_keys=True) if entries else None
 
 
 def surge(annotations: Mapping[str, str] | None) -> int:
     """Extra Deployment replicas while replacements are brought up."""
     return sum(1 for r in parse_in_flight(annotations).values()
-               if r.action == REPLACE and r.surge)
+               if r.action == Action.REPLACE and r.surge)
 
 
 def _created(pod: Mapping) -> str:
@@ -269,7 +281,8 @@ def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> di
     is gone (a scale-down by another writer, an eviction) frees its Replace to claim the next
     new pod the ReplicaSet makes."""
     live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
-    surging = sorted(((uid, r) for uid, r in records.items() if r.action == REPLACE and r.surge),
+    surging = sorted(((uid, r) for uid, r in records.items()
+                      if r.action == Action.REPLACE and r.surge),
                      key=lambda item: (item[1].since, item[0]))
     out = {uid: r.replacement for uid, r in surging if r.replacement in live}
     taken = set(out.values()) | set(records)
@@ -291,7 +304,7 @@ def pending_claims(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> 
     unbound = sum(1 for p in pods if not (p.get("spec") or {}).get("nodeName"))
     found = replacements(records, pods)
     waiting = sum(1 for uid, r in records.items()
-                  if r.action == REPLACE and r.surge and uid not in found)
+                  if r.action == Action.REPLACE and r.surge and uid not in found)
     return unbound + waiting
 
 

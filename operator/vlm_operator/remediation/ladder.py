@@ -1,6 +1,6 @@
 """Recovery of a pod that serves nothing, cheapest first. Pure: no I/O, times passed in.
 
-A pod whose engine died or hung (remediation/policy.NOT_SERVING) is fenced first: out of the
+A pod whose engine died or hung (api/health_signals.NOT_SERVING) is fenced first: out of the
 Service at once (the in-service label), with a `Fence` kept in the pod's annotation, so no new
 request reaches it while it recovers. Then the rungs, each with a deadline:
 

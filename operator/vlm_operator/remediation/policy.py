@@ -7,29 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vlm_operator.api.actions import Action
+from vlm_operator.api.health_signals import LOG, SIGNALS, SIGNATURE_FIELD
 from vlm_operator.api.validation import with_defaults
-from vlm_operator.remediation.incidents import REPLACE, SCALE_DOWN
 
-RESTART, IGNORE = "Restart", "Ignore"
-ACTIONS = (RESTART, SCALE_DOWN, REPLACE)
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 
-# Signature -> the spec.health key whose policy applies; spec.health.extraSignatures add their
-# own. Signatures without a policy are only counted.
-SIGNATURE_POLICY = {
-    "tokenizer_retry": "tokenizerRetry",
-    "tokenizer_borrow_error": "tokenizerRetry",
-    "engine_dead": "engineDead",
-    "gpu_error": "gpuError",
-    "engine_stalled": "engineStalled",  # from stalls/watch.py, not from the log
-    "api_unresponsive": "apiUnresponsive",
-}
-# Signals stalls/watch.py finds, not the log (a log replay never refills their windows).
-NOT_FROM_LOG = ("engine_stalled", "api_unresponsive")
-# Signals that prove the pod serves nothing, whatever its readiness says (a sticky CUDA error
-# loses the process's CUDA context: its engine dies with it).
-NOT_SERVING = ("engine_dead", "gpu_error", "engine_stalled", "api_unresponsive")
 INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays actionable
 
 
@@ -37,7 +21,7 @@ INCIDENT_WINDOW_S = 60.0  # how long a stall or unresponsive-API incident stays 
 class Rule:
     threshold: int
     window_s: float
-    action: str
+    action: Action
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +29,7 @@ class HealthPolicy:
     rules: Mapping[str, Rule]
     max_restarts_per_hour: int
     min_available: int
-    signature_policy: Mapping[str, str] = field(default_factory=lambda: dict(SIGNATURE_POLICY))
+    signature_policy: Mapping[str, str] = field(default_factory=lambda: dict(SIGNATURE_FIELD))
     in_place: bool = False  # spec.health.recovery InPlace: remediation/ladder.py's rungs
 
     def rule_for(self, signature: str) -> tuple[str, Rule] | None:
@@ -58,18 +42,21 @@ def health_policy_from_spec(spec: Mapping) -> HealthPolicy:
 
     Each of spec.health.extraSignatures gets a rule of its own, keyed `extra:<name>`."""
     health = with_defaults({"health": dict(spec.get("health") or {})})["health"]
-    rules = {key: Rule(int(health[key]["threshold"]), float(health[key]["windowSeconds"]),
-                       health[key]["action"])
-             for key in ("tokenizerRetry", "engineDead", "gpuError")}
+    rules = {sig.field: Rule(int(health[sig.field]["threshold"]),
+                             float(health[sig.field]["windowSeconds"]),
+                             Action(health[sig.field]["action"]))
+             for sig in SIGNALS if sig.source == LOG}
     # one stall or unresponsive-API verdict is the incident (stalls/watch.py counts for it)
     stalled = health["engineStalled"]
     rules["engineStalled"] = Rule(1, max(INCIDENT_WINDOW_S, 2.0 * stalled["stallSeconds"]),
-                                  stalled["action"])
-    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S, health["apiUnresponsive"]["action"])
-    mapping = dict(SIGNATURE_POLICY)
+                                  Action(stalled["action"]))
+    rules["apiUnresponsive"] = Rule(1, INCIDENT_WINDOW_S,
+                                    Action(health["apiUnresponsive"]["action"]))
+    mapping = dict(SIGNATURE_FIELD)  # signatures without a policy are only counted
     for extra in health.get("extraSignatures") or []:
         key = f"extra:{extra['name']}"
-        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]), extra["action"])
+        rules[key] = Rule(int(extra["threshold"]), float(extra["windowSeconds"]),
+                          Action(extra["action"]))
         mapping[extra["name"]] = key
     return HealthPolicy(rules, int(health["maxRestartsPerHour"]), int(health["minAvailable"]),
                         mapping, in_place=health["recovery"] == "InPlace")

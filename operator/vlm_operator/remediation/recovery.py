@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
+from vlm_operator.api.actions import Action
+from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Event
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import restart_count
@@ -23,7 +25,6 @@ from vlm_operator.remediation import actions, events, guards, ladder, suspect
 from vlm_operator.remediation.decide import RemediationPlan
 from vlm_operator.remediation.incidents import Incident
 from vlm_operator.remediation.intake import Case
-from vlm_operator.remediation.policy import NOT_SERVING, RESTART
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ RUNG_EVENTS = {ladder.Rung.AWAIT_EXIT: "PodFenced", ladder.Rung.RESTART_REQUEST:
 class Recovery:
     def __init__(self, kube: Kube, reconcile: Callable[[str, str], None], *,
                  engine_dead: Callable[[str], bool], plugin_loaded: Callable[[str], bool],
-                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
+                 gpu_error: Callable[[str], suspect.GpuFault | None] = lambda uid: None,
                  kubelet: ladder.KubeletBackoff = ladder.KUBELET_BACKOFF) -> None:
         """`reconcile(ns, name)` publishes status; `engine_dead(uid)`: the pod's current
         container logged engine death; `plugin_loaded(uid)`: the engine plugin's startup line is
@@ -63,10 +64,10 @@ class Recovery:
         if not actions.restart(self.kube, namespace, pod=incident.pod, uid=incident.uid,
                                serves=serves):
             return  # gone already: nothing was done
-        REMEDIATIONS.labels(namespace, name, RESTART).inc()
+        REMEDIATIONS.labels(namespace, name, Action.RESTART).inc()
         events.post(self.kube, namespace, name, pod,
                     Event("Warning", "PodRestarted", plan.message), case.body)
-        events.last_remediation(self.kube, namespace, name, incident, action=RESTART,
+        events.last_remediation(self.kube, namespace, name, incident, action=Action.RESTART,
                                 reason=plan.message)
         self.reconcile(namespace, name)
 
@@ -81,7 +82,7 @@ class Recovery:
         fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
                              ladder.deadline_for(rung, now, ladder.kubelet_backoff_s(
                                  pod, now, self.kubelet)), restart_count(pod), plan.message)
-        REMEDIATIONS.labels(namespace, name, RESTART).inc()
+        REMEDIATIONS.labels(namespace, name, Action.RESTART).inc()
         self._take(namespace, name, pod, incident, fence, f"{plan.message}; fenced: {why}",
                    case.body, node)
 
@@ -144,6 +145,6 @@ class Recovery:
         events.post(self.kube, namespace, name, pod,
                     Event("Normal" if rung == UNFENCED else "Warning", RUNG_EVENTS[rung],
                           message), body)
-        events.last_remediation(self.kube, namespace, name, incident, action=RESTART,
+        events.last_remediation(self.kube, namespace, name, incident, action=Action.RESTART,
                                 reason=message, rung=str(rung))
         self.reconcile(namespace, name)

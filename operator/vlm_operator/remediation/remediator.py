@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import log_signatures
+from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.desired import children
@@ -45,8 +46,6 @@ from vlm_operator.remediation.decide import (
 from vlm_operator.remediation.in_flight import InFlightDriver
 from vlm_operator.remediation.incidents import (
     HISTORY,
-    REPLACE,
-    SCALE_DOWN,
     Incident,
     InFlight,
     acted_until,
@@ -60,7 +59,7 @@ from vlm_operator.remediation.incidents import (
     stamp,
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
-from vlm_operator.remediation.policy import RESTART, health_policy_from_spec
+from vlm_operator.remediation.policy import health_policy_from_spec
 from vlm_operator.remediation.recovery import Recovery
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ class Remediator:
                  replica_fits: Callable[[VLMDeployment, int], bool] | None = None,
                  engine_dead: Callable[[str], bool] = lambda uid: False,
                  plugin_loaded: Callable[[str], bool] = lambda uid: False,
-                 gpu_error: Callable[[str], suspect.GpuError | None] = lambda uid: None,
+                 gpu_error: Callable[[str], suspect.GpuFault | None] = lambda uid: None,
                  leaving_nodes: Callable[[], Mapping[str, Leaving]] | None = None,
                  drain_timeout_s: float = steps.DRAIN_TIMEOUT_S,
                  replace_timeout_s: float = steps.REPLACE_TIMEOUT_S,
@@ -307,19 +306,25 @@ class Remediator:
         self._record(owner, namespace, name)  # first: a crash after the action must not
         # leave the budget short (one extra count is the safe side)
         log.info("%s/%s: %s", namespace, name, plan.message)
-        if plan.action == RESTART:
-            self.recovery.restart(case, plan)
-            return
+        match plan.action:
+            case Action.RESTART:
+                self.recovery.restart(case, plan)
+                return
+            case Action.REPLACE | Action.SCALE_DOWN:
+                pass  # recorded, then driven step by step (in_flight.py)
+            case _:
+                raise UnknownAction(plan.action, f"the plan for {incident.pod}")
         record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
                           incident.last, stamp(time.time()), int(body["spec"].get("replicas", 1)),
-                          before=actions.pod_uids(case.pods) if plan.action == REPLACE else ())
+                          before=(actions.pod_uids(case.pods) if plan.action == Action.REPLACE
+                                  else ()))
         self.write_in_flight(namespace, name, owner, add=record)
-        if plan.action == SCALE_DOWN:  # out of the Service now; the steps drain it
+        if plan.action == Action.SCALE_DOWN:  # out of the Service now; the steps drain it
             self.kube.patch_pod(namespace, incident.pod,
                                 labels={children.IN_SERVICE_LABEL: "false"})
         REMEDIATIONS.labels(namespace, name, plan.action).inc()
         reason, text = (("PodReplacing", "; bringing up a replacement first")
-                        if plan.action == REPLACE else ("ScaleDownStarted", "; draining"))
+                        if plan.action == Action.REPLACE else ("ScaleDownStarted", "; draining"))
         events.post(self.kube, namespace, name, pod,
                     Event("Warning", reason, plan.message + text), body)
         self.in_flight.drive(namespace, name)

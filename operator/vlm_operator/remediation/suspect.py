@@ -28,7 +28,7 @@ CLOCK_SLACK_S = 60.0  # times this far ahead of the operator's clock still count
 
 
 @dataclass(frozen=True, slots=True)
-class GpuError:
+class GpuFault:
     """A GPU or driver fault the pod's log showed: when (the kubelet's stamp of the line), and
     the fault as CUDA or NCCL words it (the signature's `error` field: constant texts only)."""
 
@@ -65,7 +65,7 @@ def recoveries_value(previous: tuple[float, ...], now: float) -> str:
     return ",".join(f"{t:.3f}" for t in (*previous, now)[-MAX_KEPT:])
 
 
-def suspect(pod: Mapping, gpu_error: GpuError | None, now: float) -> Suspect | None:
+def suspect(pod: Mapping, gpu_error: GpuFault | None, now: float) -> Suspect | None:
     """Why the pod's node is suspect, or None. gpu_error: the last GPU fault its log showed
     (None: none seen)."""
     meta = pod.get("metadata") or {}

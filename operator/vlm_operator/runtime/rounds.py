@@ -14,21 +14,21 @@ from __future__ import annotations
 from vlm_operator.api import crd
 from vlm_operator.api.validation import SpecError, parse
 from vlm_operator.autoscaling.autoscaler import Autoscaler, metric_names
-from vlm_operator.autoscaling.decide import scaling_policy_from_spec
+from vlm_operator.autoscaling.recommend import scaling_policy_from_spec
 from vlm_operator.desired import children
 from vlm_operator.engine.reachability import PodReads
 from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.pods import is_running
 from vlm_operator.remediation import incidents
-from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.context import RoundTaker
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_operator.stalls.watch import StallWatch
 
 
 class Rounds:
     def __init__(self, cluster: ClusterCache, scraper: Scraper, stall_watch: StallWatch,
-                 autoscaler: Autoscaler, reads: PodReads, remediator: Remediator) -> None:
+                 autoscaler: Autoscaler, reads: PodReads, remediator: RoundTaker) -> None:
         self.cluster, self.scraper, self.reads = cluster, scraper, reads
         self.stall_watch, self.autoscaler = stall_watch, autoscaler
         self.remediator = remediator

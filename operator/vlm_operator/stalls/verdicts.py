@@ -143,7 +143,7 @@ class Beat:
 
 
 def beat(fields: Mapping[str, str], prev: Beat | None, now: float, stamp: float) -> Beat:
-    """A heartbeat's fields (logs/signatures.py's engine_heartbeat groups) after `prev`, the same
+    """A heartbeat's fields (logs/matcher.py's engine_heartbeat groups) after `prev`, the same
     process's last one, read at `now`, written at `stamp` (log time); a step count that changes
     (a restarted engine's too) is progress."""
     steps = int(fields["steps"])

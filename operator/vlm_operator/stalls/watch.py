@@ -34,7 +34,7 @@ from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.engine.podhttp import TIMEOUT
 from vlm_operator.k8s.pods import not_ready, ready, restart_count
 from vlm_operator.metrics import CANARIES, DETECTIONS
-from vlm_operator.remediation.remediator import Remediator
+from vlm_operator.remediation.context import Reporter
 from vlm_operator.stalls import verdicts
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Heartbeats:
 
 
 class StallWatch:
-    def __init__(self, remediator: Remediator, heartbeats: Heartbeats) -> None:
+    def __init__(self, remediator: Reporter, heartbeats: Heartbeats) -> None:
         self.remediator = remediator
         self.heartbeats = heartbeats
         self._pool = FairPool(CHECK_WORKERS, "check")

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vlm_operator.api.log_signatures import SignatureConfigError, compile_spec_signatures
-from vlm_operator.logs.signatures import MAX_MESSAGE, LogLine, match
+from vlm_operator.logs.matcher import MAX_MESSAGE, LogLine, match
 
 LENGTHS = (MAX_MESSAGE // 8, MAX_MESSAGE // 4, MAX_MESSAGE // 2, MAX_MESSAGE)
 BOUND = 3.0  # per doubling: linear 2 (less with per-call overhead), quadratic 4

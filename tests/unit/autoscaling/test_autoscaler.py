@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vlm_operator.api.names import FENCE
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.autoscaling.pod_states import pod_state
@@ -16,7 +16,6 @@ from vlm_operator.k8s import gpu_plan
 from vlm_operator.k8s import nodes as gpu_budget
 from vlm_operator.k8s.pods import parse_time, rfc3339
 from vlm_operator.remediation import incidents, ladder
-from vlm_operator.remediation.incidents import REPLACE
 
 
 class Kube:
@@ -137,7 +136,7 @@ class Budget(Cluster):
 
 def surging(body, sick="a", before=("uid-a", "uid-b")):
     """A Replace of `sick` in flight, its surge begun when the pods `before` were there."""
-    record = {"action": REPLACE, "pod": sick, "signature": "tokenizer_retry", "incident": 1.0,
+    record = {"action": "Replace", "pod": sick, "signature": "tokenizer_retry", "incident": 1.0,
               "since": 1.0, "replicas": 2, "before": list(before)}
     body["metadata"]["annotations"] = {incidents.IN_FLIGHT: json.dumps({f"uid-{sick}": record})}
     return body

@@ -381,3 +381,19 @@ def test_a_read_write_once_cache_places_every_replica_on_its_node():
         spec = {"modelCache": spread} if spread else {}
         assert "affinity" not in children.get_deployment(vlmd(**spec))["spec"]["template"][
             "spec"]
+
+
+def test_every_flag_the_operator_writes_is_one_users_may_not_set():
+    """The pod's flags come from the spec (get_vllm_args); a user's spec.vllm.extraArgs may not
+    carry them (validation_engine.MANAGED_FLAGS). A flag written here and missing there would
+    let a user set it twice, with vLLM taking the last."""
+    from vlm_operator.api.validation_engine import MANAGED_FLAGS
+
+    obj = vlmd(servedModelName="qwen", revision="abc123", gpusPerReplica=2,
+               vllmVersion="0.33.0", rendererNumWorkers=2, vllm={
+                   "maxModelLen": 4096, "dtype": "bfloat16", "tensorParallelSize": 2,
+                   "limitMmPerPrompt": {"image": 4}, "mmProcessorKwargs": {"fps": 1},
+                   "allowedMediaDomains": ["example.com"]})
+    written = {a for a in container(obj)["args"] if a.startswith("-")}
+    assert len(written) >= 9
+    assert written - set(MANAGED_FLAGS) == set()

@@ -4,10 +4,11 @@ decide() call."""
 
 from __future__ import annotations
 
+from vlm_operator.api.actions import Action
 from vlm_operator.remediation.decide import PlanRequest, decide
 from vlm_operator.remediation.guards import PodView
-from vlm_operator.remediation.incidents import NODE_DRAIN, REPLACE, Incident, InFlight
-from vlm_operator.remediation.policy import SCALE_DOWN, health_policy_from_spec
+from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight
+from vlm_operator.remediation.policy import health_policy_from_spec
 
 NOW = 1_000_000.0
 
@@ -29,14 +30,14 @@ def incident(pod="p0", signature="tokenizer_retry", count=5, last=NOW):
     return Incident(f"uid-{pod}", pod, key, signature, last - 1, last, count)
 
 
-def record(action=SCALE_DOWN, replicas=3, since=NOW):
+def record(action=Action.SCALE_DOWN, replicas=3, since=NOW):
     """An action on p0 in flight since `since`, for a tokenizer retry storm."""
     return InFlight(action, "p0", "uid-p0", "tokenizer_retry", NOW - 5, since, replicas)
 
 
 def drain_record(**kw):
     """p0's Replace for its leaving node n1, waiting for capacity (no surge) since NOW."""
-    return InFlight(REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
+    return InFlight(Action.REPLACE, "p0", "uid-p0", NODE_DRAIN, NOW, NOW, 1,
                     **{"surge": False, "node": "n1", "node_since": NOW, **kw})
 
 

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from vlm_operator.api.actions import Action
 from vlm_operator.remediation.decide import (
     GUARDS,
     remediating_report,
 )
 from vlm_operator.remediation.guards import (
     PodView,
-)
-from vlm_operator.remediation.incidents import REPLACE
-from vlm_operator.remediation.policy import (
-    RESTART,
-    SCALE_DOWN,
 )
 
 from .builders import NOW, drain_record, incident, pods, policy, record, run
@@ -63,7 +59,7 @@ def test_every_replica_dead_at_once_restarts_each_with_the_default_spec():
     acted = []
     for p in [v.name for v in views]:
         d = run(signature="engine_dead", count=1, pod=p, views=views)
-        assert d.action == RESTART, d.message
+        assert d.action == Action.RESTART, d.message
         acted.append(p)
         views = [PodView(v.name, v.ready, v.name == p or v.deleting, engine_dead=True)
                  for v in views]
@@ -72,7 +68,7 @@ def test_every_replica_dead_at_once_restarts_each_with_the_default_spec():
 
 def test_last_serving_replica_is_replaced_when_a_gpu_is_free():
     d = run(views=pods("r"), spare_gpus=True)
-    assert d.action == REPLACE and "replacement comes up first" in d.message
+    assert d.action == Action.REPLACE and "replacement comes up first" in d.message
     held = run(views=pods("r"), spare_gpus=False)
     assert held.reason == "min_available" and "no GPU is free" in held.message
     assert held.holds
@@ -80,7 +76,7 @@ def test_last_serving_replica_is_replaced_when_a_gpu_is_free():
     assert unknown.reason == "min_available" and "could not be read" in unknown.message
     # ScaleDown on the last serving replica is replaced too: capacity must not drop
     assert run(policy(tokenizerRetry={"action": "ScaleDown"}), views=pods("r"),
-               spare_gpus=True).action == REPLACE
+               spare_gpus=True).action == Action.REPLACE
 
 
 def test_incident_older_than_its_window_is_not_acted_on():
@@ -94,18 +90,18 @@ def test_incident_older_than_its_window_is_not_acted_on():
 def test_engine_dead_confirmed_by_health():
     assert run(signature="engine_dead", count=1, health="ok").reason == "health_ok"
     for health in ("failing", "unreachable", None):
-        assert run(signature="engine_dead", count=1, health=health).action == RESTART
+        assert run(signature="engine_dead", count=1, health=health).action == Action.RESTART
     # health only vetoes engine death, never the tokenizer policy
-    assert run(health="ok").action == RESTART
+    assert run(health="ok").action == Action.RESTART
 
 
 def test_ignore_and_scale_down_actions():
     assert run(policy(tokenizerRetry={"action": "Ignore"})).reason == "ignored"
-    assert run(policy(tokenizerRetry={"action": "ScaleDown"})).action == SCALE_DOWN
+    assert run(policy(tokenizerRetry={"action": "ScaleDown"})).action == Action.SCALE_DOWN
 
 
 def test_min_available_zero_allows_the_last_pod():
-    assert run(policy(minAvailable=0), views=pods("r")).action == RESTART
+    assert run(policy(minAvailable=0), views=pods("r")).action == Action.RESTART
     assert run(policy(minAvailable=3), views=pods("r", "r", "r")).reason == "min_available"
 
 
@@ -126,7 +122,7 @@ def test_storm_on_all_pods_never_goes_below_min_available():
 def test_remediating_report():
     idle = remediating_report({}, [])
     assert (idle.type, idle.status, idle.reason) == ("Remediating", "False", "NoOpenIncidents")
-    r = remediating_report({"u": record(REPLACE)}, [])
+    r = remediating_report({"u": record(Action.REPLACE)}, [])
     assert (r.status, r.reason) == ("True", "ReplacingPod") and "replacing p0" in r.message
     held = run(views=pods("r"), spare_gpus=False)
     r = remediating_report({}, [(incident(), held)])
@@ -137,9 +133,9 @@ def test_remediating_report():
 
 
 def test_a_surge_that_may_wait_for_a_new_node_says_so():
-    plain = remediating_report({"u": record(REPLACE)}, [])
+    plain = remediating_report({"u": record(Action.REPLACE)}, [])
     assert "node autoscaler" not in plain.message  # existing nodes only: 60 s, then given up
-    r = remediating_report({"u": record(REPLACE)}, [], unschedulable_limit_s=300.0)
+    r = remediating_report({"u": record(Action.REPLACE)}, [], unschedulable_limit_s=300.0)
     assert r.reason == "ReplacingPod"
     assert "up to 300 s for a node the node autoscaler adds" in r.message
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from vlm_operator.api.actions import Action
 from vlm_operator.engine import reader
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
@@ -15,7 +16,6 @@ from vlm_operator.remediation import steps
 from vlm_operator.remediation.incidents import (
     IN_FLIGHT,
     NODE_DRAIN,
-    REPLACE,
     InFlight,
     in_flight_value,
     parse_in_flight,
@@ -71,7 +71,7 @@ class Bed:
     def record(self, since: float | None = None, **kw) -> None:
         """a's node drain Replace, as a previous round wrote it (its surge began at since)."""
         now = time.time()
-        record = InFlight(REPLACE, "a", "uid-a", NODE_DRAIN, now, since or now, 1, node="n1",
+        record = InFlight(Action.REPLACE, "a", "uid-a", NODE_DRAIN, now, since or now, 1, node="n1",
                           **kw)
         self.kube.vlmds[(NS, "m")]["metadata"]["annotations"][IN_FLIGHT] = in_flight_value(
             {"uid-a": record})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vlm_operator.api.actions import Action
 from vlm_operator.desired import children
 from vlm_operator.remediation.guards import (
     PodView,
@@ -11,10 +12,6 @@ from vlm_operator.remediation.guards import (
     needs_replacement,
     node_drain_action,
     pod_view,
-)
-from vlm_operator.remediation.incidents import REPLACE
-from vlm_operator.remediation.policy import (
-    RESTART,
 )
 from vlm_operator.remediation.steps import (
     Step,
@@ -32,7 +29,7 @@ def test_needs_replacement():
     # a stalled engine or a mute API server is ready by its probes but serves nothing
     for signature in ("engine_stalled", "api_unresponsive"):
         assert not needs_replacement(pods("r", "r"), "p0", pol, signature)
-        assert run(signature=signature, count=1, views=pods("r")).action == RESTART
+        assert run(signature=signature, count=1, views=pods("r")).action == Action.RESTART
 
 
 def test_budget_report():
@@ -60,10 +57,10 @@ def test_a_pod_another_action_removes_is_no_capacity_for_a_second_removal():
 
 @pytest.mark.parametrize("target,others,min_available,always_allow,action", [
     # the only replica serves: its eviction breaks minAvailable: replaced first
-    (view("a"), [], 1, False, REPLACE),
+    (view("a"), [], 1, False, Action.REPLACE),
     (view("a"), [view("b")], 1, False, None),  # the budget lets its eviction through
-    (view("a"), [view("b")], 2, False, REPLACE),
-    (view("a"), [view("b", ready=False)], 1, False, REPLACE),
+    (view("a"), [view("b")], 2, False, Action.REPLACE),
+    (view("a"), [view("b", ready=False)], 1, False, Action.REPLACE),
     (view("a", deleting=True), [], 1, False, None),  # going already
     (view("a", in_service=False), [], 1, False, None),  # another action drains it
     # it serves nothing: deleted when the budget would refuse its eviction (not ready, too

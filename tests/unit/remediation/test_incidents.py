@@ -9,12 +9,11 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vlm_operator.api.actions import Action
 from vlm_operator.api.names import HISTORY, IN_FLIGHT
 from vlm_operator.remediation.incidents import (
     MAX_HISTORY,
     MAX_IN_FLIGHT,
-    REPLACE,
-    SCALE_DOWN,
     InFlight,
     InFlightRead,
     Windows,
@@ -95,12 +94,13 @@ def test_history_drops_the_old_and_survives_bad_content():
     assert parse_history(None) == [] and parse_history('["x"]') == []
 
 
-def rec(action=SCALE_DOWN, uid="u1", pod="p1"):
+def rec(action=Action.SCALE_DOWN, uid="u1", pod="p1"):
     return InFlight(action, pod, uid, "tokenizer_retry", NOW - 3, NOW, 3)
 
 
 def test_in_flight_round_trip_and_surge():
-    records = {"u1": rec(), "u2": rec(REPLACE, "u2", "p2"), "u3": rec(REPLACE, "u3", "p3")}
+    records = {"u1": rec(), "u2": rec(Action.REPLACE, "u2", "p2"),
+               "u3": rec(Action.REPLACE, "u3", "p3")}
     value = in_flight_value(records)
     assert parse_in_flight({IN_FLIGHT: value}) == records
     assert surge({IN_FLIGHT: value}) == 2
@@ -108,20 +108,20 @@ def test_in_flight_round_trip_and_surge():
 
 
 def test_in_flight_keeps_what_a_fresh_operator_needs():
-    full = InFlight(REPLACE, "p1", "u1", "node_drain", NOW, NOW, 2, surge=True,
+    full = InFlight(Action.REPLACE, "p1", "u1", "node_drain", NOW, NOW, 2, surge=True,
                     before=("u1", "u2"), replacement="u9", tried=True, drain_since=NOW + 1,
                     node="n1", node_since=NOW - 5)
-    waiting = InFlight(REPLACE, "p2", "u2", "node_drain", NOW, NOW, 2, surge=False, node="n1",
-                       node_since=NOW)
+    waiting = InFlight(Action.REPLACE, "p2", "u2", "node_drain", NOW, NOW, 2, surge=False,
+                       node="n1", node_since=NOW)
     records = {"u1": full, "u2": waiting}
     assert parse_in_flight({IN_FLIGHT: in_flight_value(records)}) == records
     assert surge({IN_FLIGHT: in_flight_value(records)}) == 1  # no surge while it waits
     # fields at their defaults are left out; records written before they existed read back
     # as a Replace with a surge and nothing else known
-    old = json.dumps({"u3": {"action": REPLACE, "pod": "p3", "incident": 1, "since": 2,
+    old = json.dumps({"u3": {"action": Action.REPLACE, "pod": "p3", "incident": 1, "since": 2,
                              "replicas": 1, "signature": "tokenizer_retry"}})
     assert parse_in_flight({IN_FLIGHT: old}) == {
-        "u3": InFlight(REPLACE, "p3", "u3", "tokenizer_retry", 1.0, 2.0, 1)}
+        "u3": InFlight(Action.REPLACE, "p3", "u3", "tokenizer_retry", 1.0, 2.0, 1)}
     assert "before" not in json.loads(in_flight_value({"u1": rec()}))["u1"]
 
 
@@ -133,7 +133,7 @@ def pod(uid, created="2026-01-01T00:00:00Z", node="n1", deleting=False, name=Non
 
 
 def replacing(uid, since=NOW, before=("a", "b"), **kw):
-    return InFlight(REPLACE, f"pod-{uid}", uid, "tokenizer_retry", since, since, 2,
+    return InFlight(Action.REPLACE, f"pod-{uid}", uid, "tokenizer_retry", since, since, 2,
                     before=before, **kw)
 
 
@@ -173,7 +173,7 @@ def test_in_flight_ignores_what_it_cannot_read():
     bad = json.dumps({"u1": {"action": "Explode", "pod": "p", "incident": 1, "since": 1,
                              "replicas": 1},
                       "u2": {"pod": "p"},
-                      "u3": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1,
+                      "u3": {"action": Action.SCALE_DOWN, "pod": "p", "incident": 1, "since": 1,
                              "replicas": 2}})
     assert list(parse_in_flight({IN_FLIGHT: bad})) == ["u3"]
 
@@ -205,16 +205,16 @@ def test_a_history_keeps_only_finite_times_and_at_most_its_cap():
 
 def test_forged_in_flight_records_are_capped():
     """2,800 forged records (209 KB) made a thread and API calls each, every round."""
-    forged = {f"uid-{i:05d}": {"action": SCALE_DOWN, "pod": f"p{i}", "incident": 1,
+    forged = {f"uid-{i:05d}": {"action": Action.SCALE_DOWN, "pod": f"p{i}", "incident": 1,
                                "since": 1, "replicas": 1} for i in range(2800)}
     read = read_in_flight({IN_FLIGHT: json.dumps(forged, separators=(",", ":"))})
     assert len(read.records) == MAX_IN_FLIGHT and read.dropped == 2800 - MAX_IN_FLIGHT
     assert not read.unreadable
     assert list(read.records) == sorted(forged)[:MAX_IN_FLIGHT]
     assert read_in_flight({IN_FLIGHT: json.dumps([1])}).unreadable
-    odd = {"u": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": "NaN", "replicas": 1},
-           "v": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1e999},
-           "w": {"action": SCALE_DOWN, "pod": "p", "incident": 1, "since": 1, "replicas": 1,
+    odd = {"u": {"action": "ScaleDown", "pod": "p", "incident": 1, "since": "NaN", "replicas": 1},
+           "v": {"action": "ScaleDown", "pod": "p", "incident": 1, "since": 1, "replicas": 1e999},
+           "w": {"action": "ScaleDown", "pod": "p", "incident": 1, "since": 1, "replicas": 1,
                  "before": "abc"}}
     assert read_in_flight({IN_FLIGHT: json.dumps(odd)}) == InFlightRead({}, dropped=3)
     fine = read_in_flight({IN_FLIGHT: in_flight_value({"u1": rec()})})

@@ -14,7 +14,7 @@ from vlm_operator.desired import children
 from vlm_operator.k8s.pods import parse_time, rfc3339
 from vlm_operator.remediation import ladder, suspect
 from vlm_operator.remediation.ladder import Fence, Next, Rung
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.suspect import GpuFault
 
 T = 1_800_000_000.0
 
@@ -213,18 +213,18 @@ def recovered(*times: float) -> dict:
 
 
 def test_a_gpu_error_makes_the_first_rung_a_new_pod_naming_the_node_and_the_error():
-    node = suspect.suspect(pod(), GpuError(T - 2, ILLEGAL), T)
+    node = suspect.suspect(pod(), GpuFault(T - 2, ILLEGAL), T)
     for signature in ("engine_dead", "gpu_error", "engine_stalled"):
         rung, why = ladder.first_rung(signature, pod(), T, plugin_loaded=True, suspect=node)
         assert rung == Rung.DELETE
         assert why == (f"GPU error on node gpu-7: {ILLEGAL}; a new pod, not an in-place "
                        "restart on the same GPU")
     # an hour later the GPU error no longer counts against the node
-    assert suspect.suspect(pod(), GpuError(T - suspect.SUSPECT_WINDOW_S - 1, ILLEGAL), T) is None
+    assert suspect.suspect(pod(), GpuFault(T - suspect.SUSPECT_WINDOW_S - 1, ILLEGAL), T) is None
 
 
 def test_a_gpu_error_found_while_fenced_replaces_the_pod_even_after_its_in_place_restart():
-    node = suspect.suspect(pod(), GpuError(T + 1, ILLEGAL), T + 2)
+    node = suspect.suspect(pod(), GpuFault(T + 1, ILLEGAL), T + 2)
     for p in (pod(), pod(restarts=1, ready=False), pod(restarts=1, ready=True)):
         step, rung, why = ladder.next_step(fence(), p, T + 2, plugin_loaded=True, suspect=node)
         assert (step, rung) == (Next.DELETE, Rung.DELETE) and "GPU error on node gpu-7" in why

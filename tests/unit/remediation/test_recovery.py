@@ -20,7 +20,7 @@ from vlm_operator.k8s.pods import rfc3339
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import HISTORY, Incident, parse_history
 from vlm_operator.remediation.remediator import Remediator
-from vlm_operator.remediation.suspect import GpuError
+from vlm_operator.remediation.suspect import GpuFault
 
 from ..fakes import FakeKube
 
@@ -238,7 +238,7 @@ def deletions(kube: FakeKube) -> list:
 def test_an_engine_death_after_a_gpu_error_is_a_new_pod_at_once_and_the_node_is_named():
     kube, pod = setup()
     pod["spec"]["nodeName"] = "gpu-7"
-    rem = remediator(kube, gpu_error=lambda uid: GpuError(time.time() - 1, ILLEGAL))
+    rem = remediator(kube, gpu_error=lambda uid: GpuFault(time.time() - 1, ILLEGAL))
     rem.incident(NS, "vl", death())
     # fenced and deleted, not left for the kubelet to restart on the same GPU
     assert [c[0] for c in kube.calls if c[0] in ("patch_pod", "delete")] == ["patch_pod",
@@ -255,11 +255,11 @@ def test_a_gpu_error_read_after_the_fence_deletes_instead_of_waiting():
     fence's first rung waits for the exit; the next round, knowing the GPU error, deletes."""
     kube, pod = setup()
     pod["spec"]["nodeName"] = "gpu-7"
-    seen: list[GpuError] = []
+    seen: list[GpuFault] = []
     rem = remediator(kube, gpu_error=lambda uid: seen[-1] if seen else None)
     rem.incident(NS, "vl", death())
     assert ladder.parse_fence(pod["metadata"]["annotations"]).rung == "await-exit"
-    seen.append(GpuError(time.time(), ILLEGAL))
+    seen.append(GpuFault(time.time(), ILLEGAL))
     restarted(pod, ready=False)  # the kubelet already restarted it in place: still replaced
     round_(rem, kube)
     assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
@@ -271,7 +271,7 @@ def test_a_gpu_error_read_after_the_fence_deletes_instead_of_waiting():
 
 def test_a_gpu_error_incident_by_itself_fences_and_replaces_the_pod():
     kube, _ = setup()
-    rem = remediator(kube, gpu_error=lambda uid: GpuError(time.time(), ILLEGAL))
+    rem = remediator(kube, gpu_error=lambda uid: GpuFault(time.time(), ILLEGAL))
     rem.incident(NS, "vl", death("gpu_error", "gpuError"))
     assert deletions(kube) == [("delete", "Pod", NS, "a", 10)]
     assert rung_events(kube) == ["PodRestarted", "NodeSuspect"]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from vlm_operator.api.actions import Action
 from vlm_operator.desired import children, stopping
 from vlm_operator.engine import reader
 from vlm_operator.metrics import REMEDIATIONS, REMEDIATIONS_SKIPPED
@@ -16,8 +17,6 @@ from vlm_operator.remediation.decide import Reason
 from vlm_operator.remediation.incidents import (
     HISTORY,
     IN_FLIGHT,
-    REPLACE,
-    SCALE_DOWN,
     Incident,
     InFlight,
     in_flight_value,
@@ -132,7 +131,7 @@ def test_a_replace_takes_its_steps_in_order():
     rem = remediator(kube, published, replica_fits=lambda vlmd, pending: True)
     rem.incident(NS, "rep", storm("uid-sick", "sick"))
     record = parse_in_flight(kube.vlmds[(NS, "rep")]["metadata"]["annotations"])["uid-sick"]
-    assert (record.action, record.surge) == (REPLACE, True)
+    assert (record.action, record.surge) == (Action.REPLACE, True)
     assert not [c for c in kube.calls if c[0] == "delete"]  # a replacement comes first
     step = stepper(rem, "rep", "uid-sick")
 
@@ -194,7 +193,8 @@ def test_a_scale_down_lowers_the_replicas_only_once_the_deployment_counts_its_po
     kube.add_vlmd(NS, "down", replicas=3)
     for name in ("a", "b"):  # "c", drained and deleted, has left
         kube.add_pod(NS, name, owner="down")
-    record = InFlight(SCALE_DOWN, "c", "uid-c", "load", time.time() - 30, time.time() - 30, 3)
+    record = InFlight(Action.SCALE_DOWN, "c", "uid-c", "load", time.time() - 30,
+                      time.time() - 30, 3)
     kube.vlmds[(NS, "down")]["metadata"]["annotations"][IN_FLIGHT] = in_flight_value(
         {"uid-c": record})
     published = []
@@ -224,7 +224,7 @@ def test_a_replace_keeps_its_surge_until_the_deployment_counts_the_sick_pod_out(
     kube = FakeKube()
     kube.add_vlmd(NS, "rep", replicas=1)
     kube.add_pod(NS, "new", owner="rep")  # the replacement; the sick pod was deleted
-    record = InFlight(REPLACE, "sick", "uid-sick", "tokenizer_retry", time.time() - 60,
+    record = InFlight(Action.REPLACE, "sick", "uid-sick", "tokenizer_retry", time.time() - 60,
                       time.time() - 60, 1, before=("uid-sick",), replacement="uid-new",
                       drain_since=time.time() - 20)
     annotations = kube.vlmds[(NS, "rep")]["metadata"]["annotations"]
@@ -238,3 +238,28 @@ def test_a_replace_keeps_its_surge_until_the_deployment_counts_the_sick_pod_out(
     del kube.counted[(NS, "rep")]
     assert step()
     assert parse_in_flight(annotations) == {} and published == ["rep"]  # the surge ends
+
+
+def test_the_remediator_is_what_each_part_takes_it_for():
+    """The other parts see the Remediator only through narrow Protocols (context.py, and log
+    watching's own): every member each names is there, so a rename on one side fails here,
+    not in a cluster."""
+    from vlm_operator.logs.watcher import Remediation
+    from vlm_operator.remediation.context import ActionContext, Driver, Reporter, RoundTaker
+
+    rem = remediator(FakeKube(), [])
+
+    def members(protocol) -> set[str]:
+        names = set()
+        for cls in protocol.__mro__:
+            if cls is object or cls.__name__ in ("Protocol", "Generic"):
+                continue
+            names |= set(getattr(cls, "__annotations__", {}))
+            names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+        return names
+
+    assert members(ActionContext) >= {"kube", "owner", "write_in_flight", "drain_timeout_s"}
+    assert members(Remediation) >= {"report", "post_event", "known", "stop"}
+    for protocol in (ActionContext, Reporter, RoundTaker, Remediation):
+        assert [m for m in sorted(members(protocol)) if not hasattr(rem, m)] == [], protocol
+    assert [m for m in members(Driver) if not hasattr(rem.in_flight, m)] == []

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from vlm_operator.remediation.incidents import REPLACE, InFlight
+from vlm_operator.api.actions import Action
+from vlm_operator.remediation.incidents import InFlight
 from vlm_operator.remediation.steps import (
     UNSCHEDULABLE_S,
     Step,
@@ -43,7 +44,7 @@ def test_scale_down_step(kw, step):
 
 
 def replacing(**kw):
-    return InFlight(REPLACE, "p0", "uid-p0", "tokenizer_retry", NOW - 5, NOW, 2, **kw)
+    return InFlight(Action.REPLACE, "p0", "uid-p0", "tokenizer_retry", NOW - 5, NOW, 2, **kw)
 
 
 @pytest.mark.parametrize("kw,step", [

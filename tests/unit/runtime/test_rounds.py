@@ -5,6 +5,7 @@ The cache and the scraper are in-memory fakes, the parts recording fakes (../fak
 
 import pytest
 
+from vlm_operator.api.actions import Action
 from vlm_operator.engine.reachability import PodReads
 from vlm_operator.remediation import incidents
 from vlm_operator.runtime.periodic import Periodic
@@ -125,7 +126,7 @@ def test_a_round_is_due_only_with_something_to_do():
     assert not parts.rounds.due(vlmd_body("empty", replicas=0,
                                           autoscaling={**builtin, "minReplicas": 0}))
     driven = vlmd_body("empty", replicas=0)
-    record = incidents.InFlight(incidents.SCALE_DOWN, "empty-1", "u1", "tokenizer_retry", 1.0,
+    record = incidents.InFlight(Action.SCALE_DOWN, "empty-1", "u1", "tokenizer_retry", 1.0,
                                 1.0, 2)
     driven["metadata"]["annotations"] = {
         incidents.IN_FLIGHT: incidents.in_flight_value({"u1": record})}

@@ -147,7 +147,7 @@ def test_api_unresponsive_is_acted_on_only_when_the_kubelet_agrees():
 
 
 def hb(steps=0, in_flight=0, step_s=0.0, tokens=0, running=0, waiting=0, every=5):
-    """A heartbeat line's fields as logs/signatures.py hands them over (strings)."""
+    """A heartbeat line's fields as logs/matcher.py hands them over (strings)."""
     return {"every": f"{every:g}", "steps": str(steps), "in_flight": str(in_flight),
             "step_s": f"{step_s:.1f}", "step_tokens": str(tokens), "running": str(running),
             "waiting": str(waiting)}

@@ -438,7 +438,7 @@ def test_logging_prefix_where_vllm_writes_it(sim_factory, version, shape):
     """0.32 puts the process tag in its logger's format after VLLM_LOGGING_PREFIX; before, the
     tag was added in front of all the process printed (tests/engine checks 0.32 against vLLM's
     own logger)."""
-    from vlm_operator.logs.signatures import Scanner
+    from vlm_operator.logs.matcher import Scanner
 
     s = sim_factory(env={"VLM_SIM_VLLM_VERSION": version, "VLLM_LOGGING_PREFIX": "[v] ",
                          "VLM_TOKENIZER_POOL_SIZE": "3"})

@@ -1,9 +1,11 @@
 """A real local Kubernetes control plane (etcd + kube-apiserver + controller-manager + scheduler).
 
 No registry ships kube-apiserver binaries usable here, so ``build()`` compiles Kubernetes v1.20.2
-from Debian bookworm's ``kubernetes`` source package and caches the binaries. ``ControlPlane``
-starts etcd and the three control-plane components on loopback with self-made certificates and
-RBAC on; only the node side (kubelet) is missing, which is why pods stay Pending.
+from Debian bookworm's ``kubernetes`` source package and caches the binaries (the kubelet too,
+for vlm_testbed.realnode). ``ControlPlane`` starts etcd and the three control-plane components
+on loopback with self-made certificates and RBAC on; nodes come from vlm_testbed.nodesim
+(simulated) or vlm_testbed.realnode (a real kubelet on containerd); without one, pods stay
+Pending.
 
 CLI: ``python -m vlm_testbed.controlplane build|up|down|env``.
 

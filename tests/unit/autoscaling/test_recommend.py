@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vlm_operator.api.validation import parse
-from vlm_operator.autoscaling import decide as a
+from vlm_operator.autoscaling import recommend as a
 from vlm_operator.desired import autoscaler_objects as ab
 from vlm_operator.desired import children
 from vlm_operator.k8s import gpu_plan

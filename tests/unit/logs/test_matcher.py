@@ -18,7 +18,7 @@ from vlm_operator.api.log_signatures import (
     compile_extra_signatures,
 )
 from vlm_operator.logs.header import parse_line, split_line
-from vlm_operator.logs.signatures import Scanner, match
+from vlm_operator.logs.matcher import Scanner, match
 
 DATA = Path(__file__).parent.parent / "data"
 WHEEL_LINES = [json.loads(x) for x in (DATA / "wheel-lines.jsonl").read_text().splitlines()]
@@ -513,7 +513,7 @@ def test_extra_signature_matches_message_of_record_start_only():
     ({"name": "a", "regex": "abc(?:x{1000}){1000}", "action": "event"}, "for RE2 (invalid rep"),
     ({"name": "a", "regex": ".*EngineDeadError", "action": "event"}, "[0].regex: must start"),
     ({"name": "a", "regex": "ab?cdef", "action": "event"}, "[0].regex: must start"),
-    ({"name": "a", "regex": "abc", "action": "reboot"}, "[0].action: unknown action 'reboot'"),
+    ({"name": "a", "regex": "abc", "action": "reboot"}, "[0].action: unknown class 'reboot'"),
     ({"name": "a", "regex": "abc", "action": "event", "severity": "meh"}, "[0].severity"),
     ({"name": "a", "regex": "abc", "action": "event", "files": ["../x"]}, "[0].files"),
     ({"name": "a", "regex": "abc", "action": "event", "files": []}, "[0].files"),
@@ -587,7 +587,7 @@ def test_distinct_process_prefixes_keep_bounded_state():
     finally:
         tracemalloc.stop()
     assert kept < 256 * 1024, f"{kept} bytes kept for 100,000 distinct processes"
-    from vlm_operator.logs.signatures import MAX_PROCESSES
+    from vlm_operator.logs.matcher import MAX_PROCESSES
 
     assert sc.processes == MAX_PROCESSES
 

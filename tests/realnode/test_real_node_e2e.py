@@ -1,0 +1,135 @@
+"""A VLMDeployment's pod on a real node: the real kubelet runs the operator's pod spec (the vLLM
+stand-in's image, probes, downwardAPI volume, non-root, one GPU), gives it an address of the
+node's pod network, a GPU through the device plugin, an in-place restart when its engine process
+dies, and the operator's restart-request annotation in the container's file."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from vlm_operator.api import crd
+from vlm_operator.api.names import RESTART_REQUEST, RESTART_REQUEST_DIR, RESTART_REQUEST_FILE
+from vlm_testbed.realnode.pods import container_status, is_ready, running_id, wait_for
+
+IMAGE = "vllm/vllm-openai:v0.20.2"
+# Remediation off: what the kubelet does is what is tested, not the operator's recovery.
+IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
+              "engineStalled": {"action": "Ignore"}, "apiUnresponsive": {"action": "Ignore"}}
+
+
+def deploy(api: Any, ns: str, name: str = "real") -> None:
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": IMAGE, "replicas": 1,
+                     "health": IGNORE_ALL,
+                     "vllm": {"env": [{"name": "VLM_SIM_STARTUP_SECONDS", "value": "0"}]}}}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+
+
+def ready_pod(api: Any, ns: str, timeout_s: float = 120) -> Any:
+    v1 = client.CoreV1Api(api)
+
+    def one_ready() -> Any:
+        pods = [p for p in v1.list_namespaced_pod(ns).items if is_ready(p)]
+        return pods[0] if pods else None
+
+    return wait_for(f"a Ready pod in {ns}", one_ready, timeout_s, 0.2)
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+def test_pod_runs_on_the_real_node_with_a_pod_address_and_a_gpu(api, ns, node):
+    deploy(api, ns)
+    pod = ready_pod(api, ns)
+    assert pod.spec.node_name == node.name
+    ip = ipaddress.ip_address(pod.status.pod_ip)
+    assert not ip.is_loopback and ip in ipaddress.ip_network(node.net.subnet)
+    assert pod.status.pod_ip != node.ip
+    env = environ(wait_for("task", lambda: node.task_pid(running_id(pod)), 30))
+    gpu = env.get("NVIDIA_VISIBLE_DEVICES", "")
+    assert gpu.startswith(f"GPU-{node.name}-"), env  # set by the device plugin's Allocate
+    assert os.stat(f"/proc/{node.task_pid(running_id(pod))}").st_uid == 10001  # runAsUser
+
+
+def test_engine_process_killed_restarts_in_place(api, ns, node):
+    v1 = client.CoreV1Api(api)
+    deploy(api, ns)
+    pod = ready_pod(api, ns)
+    uid, cid = pod.metadata.uid, running_id(pod)
+    assert container_status(pod).restart_count == 0
+    os.kill(wait_for("task", lambda: node.task_pid(cid), 30), signal.SIGKILL)
+    t0 = time.monotonic()
+
+    def restarted() -> Any:
+        p = v1.read_namespaced_pod(pod.metadata.name, ns)
+        st = container_status(p)
+        return p if st.restart_count == 1 and is_ready(p) else None
+
+    again = wait_for("in-place restart, Ready again", restarted, 90, 0.2)
+    assert again.metadata.uid == uid and running_id(again) != cid
+    last = container_status(again).last_state.terminated
+    assert last is not None and last.exit_code == 137, last
+    print(f"killed -> Ready again in place: {time.monotonic() - t0:.1f} s")
+
+
+def test_restart_request_annotation_reaches_the_container_file(api, ns, node):
+    v1 = client.CoreV1Api(api)
+    deploy(api, ns)
+    pod = ready_pod(api, ns)
+    path = f"{RESTART_REQUEST_DIR}/{RESTART_REQUEST_FILE}"
+    value = f"test-{time.time():.0f}"
+    t0 = time.monotonic()
+    v1.patch_namespaced_pod(pod.metadata.name, ns,
+                            {"metadata": {"annotations": {RESTART_REQUEST: value}}})
+
+    def seen() -> bool:
+        p = v1.read_namespaced_pod(pod.metadata.name, ns)
+        cid = running_id(p)
+        return bool(cid) and node.read_in_container(cid, path) == value
+
+    wait_for("the annotation in the downwardAPI file", seen, 60, 0.05)
+    print(f"annotation -> file in {time.monotonic() - t0:.2f} s")
+
+
+def test_a_second_node_beside_the_first_has_its_own_network_gpus_and_logs(control_plane, api,
+                                                                         node):
+    """Two kubelets on one machine: each its own bridge and /24, device-plugin socket and pod
+    logs (the kubelet keeps those at fixed paths: each node's mount namespace has its own)."""
+    from vlm_testbed.controlplane import ready_namespace
+    from vlm_testbed.realnode import GPU, RealNode
+    from vlm_testbed.realnode.pods import standin_pod
+
+    v1 = client.CoreV1Api(api)
+    ns = ready_namespace(api, f"realnode-second-{time.time_ns() % 10**6}")
+    try:
+        with RealNode(control_plane, gpus=1, labels={"vlm-testbed/second": "true"}) as second:
+            assert second.net.subnet != node.net.subnet
+            first_gpus = v1.read_node(node.name).status.allocatable[GPU]
+            assert (first_gpus, v1.read_node(second.name).status.allocatable[GPU]) == ("4", "1")
+            for name, target in (("on-first", node), ("on-second", second)):
+                body = standin_pod(name)
+                body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": target.name}
+                v1.create_namespaced_pod(ns, body)
+            pods = {n: wait_for(f"{n} Ready", lambda n=n: (p := v1.read_namespaced_pod(n, ns))
+                                and is_ready(p) and p, 90, 0.2) for n in ("on-first", "on-second")}
+            for name, target in (("on-first", node), ("on-second", second)):
+                assert ipaddress.ip_address(pods[name].status.pod_ip) in ipaddress.ip_network(
+                    target.net.subnet)
+                assert "Starting vLLM server" in v1.read_namespaced_pod_log(name, ns)
+            env = environ(second.task_pid(running_id(pods["on-second"])))
+            assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{second.name}-0"
+        # the second node gone: the first one's pod and logs are untouched
+        assert is_ready(v1.read_namespaced_pod("on-first", ns))
+        assert "Starting vLLM server" in v1.read_namespaced_pod_log("on-first", ns)
+    finally:
+        v1.delete_namespace(ns)
