@@ -18,12 +18,12 @@ State and time, as on a real node (figures in the modules named):
 - Volumes (volumes.py): emptyDir = <pod dir>/volumes/kubernetes.io~empty-dir/<name>, kept across
   container restarts, deleted with the pod; persistentVolumeClaim = the bound PV's hostPath, a
   directory per PV under <work dir>/volumes that outlives pods; downwardAPI = files from the pod
-  object, rewritten `downward_api_lag` (DOWNWARD_API_LAG_S, 0.5 s: the real kubelet's sync on a pod update, measured)
-  after the pod watch shows a change; configMap/secret = files; hostPath = the path. A process
-  has no mount namespace, so each container gets VLM_TESTBED_MOUNTS = JSON {mountPath: host
-  dir}, and env values that are a mountPath or lie under one are rewritten to the host path
-  (HF_HOME=/models, HOME=/home/vllm); HOME and cache variables under no mount point into the
-  container instance's writable layer, fresh on each restart.
+  object, rewritten `downward_api_lag` (DOWNWARD_API_LAG_S, 0.5 s: the real kubelet's sync on a
+  pod update, measured) after the pod watch shows a change; configMap/secret = files; hostPath =
+  the path. A process has no mount namespace, so each container gets VLM_TESTBED_MOUNTS = JSON
+  {mountPath: host dir}, and env values that are a mountPath or lie under one are rewritten to the
+  host path (HF_HOME=/models, HOME=/home/vllm); HOME and cache variables under no mount point into
+  the container instance's writable layer, fresh on each restart.
 - Claims (claims.py): a provisioner binds every pending claim (no storage class, or
   vlm-testbed-hostpath) to a hostPath PV it creates; the real controller-manager binds them. A
   ReadWriteOnce PV attaches to one node at a time: a pod on another node stays
