@@ -6,11 +6,11 @@ once, asks, and carries the plan out. Pure: no I/O, times passed in.
 Guards, in the order they are checked (the first that holds wins, so a skip names one reason):
 below the threshold, the policy says Ignore, the incident is older than its window (a replayed
 or long-held line), it was already acted on (an action in flight names it), it was logged by a
-container the kubelet has restarted in place since (the line's time is before the current
-container's start: a late line, one read from the previous log), the pod is already
-going away or being acted on, /health answers 200 for an engine said to be dead (log lines are
-evidence, not proof: see logs/matcher.py), the pod's back-off after a failed attempt, the
-VLMDeployment's restart budget, and minAvailable (remediation/guards.py). When the pod still
+container the kubelet has restarted in place since (the line's time is before the end of the
+second the current container started in: a late line, one read from the previous log), the pod
+is already going away or being acted on, /health answers 200 for an engine said to be dead (log
+lines are evidence, not proof: see logs/matcher.py), the pod's back-off after a failed attempt,
+the VLMDeployment's restart budget, and minAvailable (remediation/guards.py). When the pod still
 serves and removing it would break minAvailable, it is replaced instead: one extra replica is
 surged (if a GPU is free once the VLMDeployment's pending claims took theirs), and the sick pod
 is drained and deleted once the replacement is ready (remediation/steps.py).
@@ -31,6 +31,8 @@ from vlm_operator.remediation.guards import PodView, needs_replacement, others_r
 from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight, restarts_in_hour
 from vlm_operator.remediation.policy import HealthPolicy, Rule
 from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S, UNSCHEDULABLE_S
+
+STARTED_AT_S = 1.0  # the resolution of a container's startedAt
 
 
 class Reason(enum.StrEnum):
@@ -122,7 +124,10 @@ def decide(request: PlanRequest) -> RemediationPlan:
     if r.acted_until is not None and incident.last <= r.acted_until:
         return skip(Reason.ALREADY_ACTED, f"{signature} on {pod} at {incident.last:.3f} was "
                     "already acted on")
-    if r.container_since is not None and incident.last < r.container_since:
+    # startedAt has whole seconds: the container started within [since, since + 1), and a line
+    # stamped in that second may be the previous container's (its last lines are read and
+    # stamped while the next one starts). No engine dies within its container's first second.
+    if r.container_since is not None and incident.last < r.container_since + STARTED_AT_S:
         return skip(Reason.RECOVERED_IN_PLACE, f"{signature} on {pod} at {incident.last:.3f} "
                     "was logged by a container the kubelet has restarted in place since (the "
                     f"current one started at {r.container_since:.0f})")

@@ -28,9 +28,12 @@ def test_threshold(count, threshold, reason):
     ({}, pods("r", "r"), (), "act"),
     ({"acted_until": NOW}, pods("r", "r"), (), "already_acted"),
     ({"acted_until": NOW - 1}, pods("r", "r"), (), "act"),
-    # logged before the current container started: the kubelet restarted it since
+    # logged before the current container started: the kubelet restarted it since; startedAt
+    # has whole seconds, so a line in the second it names is the previous container's too
     ({"container_since": NOW + 1}, pods("r", "r"), (), "recovered_in_place"),
-    ({"container_since": NOW}, pods("r", "r"), (), "act"),
+    ({"container_since": NOW}, pods("r", "r"), (), "recovered_in_place"),
+    ({"container_since": NOW - 0.5}, pods("r", "r"), (), "recovered_in_place"),
+    ({"container_since": NOW - 1}, pods("r", "r"), (), "act"),
     ({}, pods("rd", "r"), (), "in_progress"),
     ({}, pods("ro", "r"), (), "in_progress"),
     ({}, pods("rf", "r"), (), "in_progress"),  # being replaced or drained already
