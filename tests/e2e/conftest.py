@@ -153,19 +153,11 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def api(cluster: Cluster) -> Iterator[Any]:
     """An ApiClient on the cluster, with kopf's peering CRDs installed."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
     from vlm_operator.api import crd
+    from vlm_testbed.controlplane import apply_manifests
 
     with cluster.api_client() as api_client:
-        ext = client.ApiextensionsV1Api(api_client)
-        for definition in crd.get_peering_crds():
-            try:
-                ext.create_custom_resource_definition(definition)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+        apply_manifests(api_client, crd.get_peering_crds())
         yield api_client
 
 

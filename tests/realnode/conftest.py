@@ -39,19 +39,11 @@ def control_plane(pytestconfig: pytest.Config) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def api(control_plane: Any) -> Iterator[Any]:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
     from vlm_operator.api import crd
+    from vlm_testbed.controlplane import apply_manifests
 
     with control_plane.api_client() as api_client:
-        ext = client.ApiextensionsV1Api(api_client)
-        for definition in crd.get_peering_crds():
-            try:
-                ext.create_custom_resource_definition(definition)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+        apply_manifests(api_client, crd.get_peering_crds())
         yield api_client
 
 
