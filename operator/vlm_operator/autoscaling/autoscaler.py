@@ -253,9 +253,10 @@ class Autoscaler:
             reason = LIMITED_REASONS.get(limited[0], reason)
             desired = granted
             limited = (limited[0], message)
-        self._set_limited(body, state, limited)
+        # replicas first: the condition and Event then describe a scale already written
         self._act(vlmd, samples, current, desired, pods, now, state,
                   meta.get("resourceVersion"))
+        self._set_limited(body, state, limited)
         starting = [p for p in pods if not fenced(p)]  # a fence is no start of a new replica
         state.starts = starts.seen_starts(state.starts, starting)
         pending = starts.pending_replicas(starting, state.starts.seen)

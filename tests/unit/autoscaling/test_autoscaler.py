@@ -241,12 +241,16 @@ def test_a_scale_up_waits_for_a_node_and_is_given_back_past_the_provisioning_tim
     body = vlmd(2, "1")
     kube = Kube(body)
     growth = gpu_plan.Growth(per_deployment=4, total=4, timeout_s=300.0)
-    scaler = Autoscaler(kube, clock=lambda: now, budget=GpuBudget(FullNode(), growth))
+    published = []  # what kube had been asked when the condition was published
+    scaler = Autoscaler(kube, lambda ns, name: published.append(list(kube.calls)),
+                        clock=lambda: now, budget=GpuBudget(FullNode(), growth))
     busy = Scrape(values={"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 40.0})
     pods = [pod("a"), pod("b")]
     for _ in range(3):
         decision = scaler.tick(body, pods, {"a": busy, "b": busy})
     assert ("scale", 3) in kube.calls and decision.desired == 3
+    # the WaitingForNode condition is published once the scale it describes is written
+    assert published and ("scale", 3) in published[0]
     (report,) = scaler.reports("ns", "m")
     assert (report.status, report.reason) == ("False", "WaitingForNode")
     assert "wait for a node the node autoscaler adds" in report.message

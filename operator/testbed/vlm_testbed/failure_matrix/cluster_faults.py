@@ -44,6 +44,8 @@ def unreachable(mode: str):
                               **_read_metrics(bed, "row", "unreachable"))
         seen.notes["reachable_again"] = bed.holds(lambda: bed.condition(
             "row", "PodsReachable").get("status") == "True", timeout=30)
+        # the Event follows the status write that turned the condition True
+        bed.holds(lambda: bed.events("row").get("PodsReachable"), timeout=10)
         seen.notes["events_after"] = dict(bed.events("row"))
         return seen
     return run
