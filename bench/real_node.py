@@ -38,7 +38,7 @@ from vlm_testbed.controlplane import K8S_VERSION, ControlPlane, ready_namespace
 from vlm_testbed.nodesim import SIM_LABEL, NodeSimulator
 from vlm_testbed.nodesim import state as sim_state
 from vlm_testbed.nodesim.volumes import DOWNWARD_API_LAG_S, MOUNTS_ENV
-from vlm_testbed.realnode import RealNode
+from vlm_testbed.realnode import LocalRegistry, RealNode, build_images
 from vlm_testbed.realnode.pods import (
     ANNOTATION,
     CONTROL_DIR,
@@ -225,9 +225,15 @@ def measure_side(side: Side, api: Any, kubectl: list[str], args: argparse.Namesp
 
 
 def measure(args: argparse.Namespace) -> dict:
-    with ControlPlane() as cp, RealNode(cp, gpus=4) as node, NodeSimulator(
-            cp.kubeconfig, nodes=1, gpus_per_node=4, name_prefix="sim-node") as _sim, \
-            cp.api_client() as api:
+    with LocalRegistry() as registry:
+        build_images(registry)
+        return measure_on(registry, args)
+
+
+def measure_on(registry: LocalRegistry, args: argparse.Namespace) -> dict:
+    with ControlPlane() as cp, RealNode(cp, registry=registry.address, gpus=4) as node, \
+            NodeSimulator(cp.kubeconfig, nodes=1, gpus_per_node=4,
+                          name_prefix="sim-node") as _sim, cp.api_client() as api:
         kubectl = [str(cp.kubectl), f"--kubeconfig={cp.kubeconfig}"]
         r = {"node_ready_from_kubelet_start_s": round(node.kubelet_ready_seconds or 0, 2),
              "node_start_total_s": round(node.ready_seconds or 0, 2)}

@@ -3,12 +3,14 @@
 # promtool for the observability tests, iptables for the tests that drop or reject the
 # operator's traffic to a pod (operator/testbed/vlm_testbed/firewall.py), containerd, runc, the CNI plugins and
 # iproute2 for the real-node test bed (operator/testbed/vlm_testbed/realnode: a real kubelet on its own
-# containerd), and npm where there is none (helm and the owners' object schemas come from npm packages).
+# containerd), buildah, debootstrap and docker-registry for its images (the project's Dockerfiles
+# built on stand-in bases and served by a local registry), and npm where there is none (helm and the owners' object schemas come from npm packages).
 # Idempotent: skips apt entirely when everything is present.
 set -euo pipefail
 
 PKGS=(golang-go etcd-server dpkg-dev openssl rsync make golang-github-modern-go-reflect2-dev xz-utils
-      prometheus iptables containerd runc containernetworking-plugins iproute2)
+      prometheus iptables containerd runc containernetworking-plugins iproute2 buildah debootstrap
+      docker-registry)
 if ! command -v npm >/dev/null; then
   PKGS+=(nodejs npm)
 fi
@@ -59,6 +61,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   # the package's system-wide service is not wanted where systemd started it.
   if [[ " ${missing[*]} " == *" containerd "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now containerd || true
+  fi
+  # The local registry is started by the test bed on a free loopback port; not the package's.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now docker-registry || true
   fi
 fi
 echo "install-deps: done"

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import crd
 from vlm_operator.k8s.kube import Kube
-from vlm_testbed import gateway
+from vlm_testbed import chart, gateway
 from vlm_testbed.operator_process import OperatorProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,9 +34,7 @@ PREFIX = "e2e-inst-"
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    out = subprocess.run([str(ROOT / "hack/helm.sh")], check=True, capture_output=True,
-                         text=True)
-    return out.stdout.strip()
+    return chart.helm()
 
 
 def run(*argv, check=True) -> subprocess.CompletedProcess:

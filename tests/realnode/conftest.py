@@ -1,7 +1,8 @@
-"""Fixtures of the real-node tests: a control plane, one real node (a real kubelet on its own
-containerd, realnode.RealNode, 4 stand-in GPUs), the operator as its own process watching
-namespaces named realnode-*. Needs root, containerd, runc, the CNI plugins (hack/install-deps.sh)
-and the kubelet (`python -m vlm_testbed.controlplane build`, which this builds when missing)."""
+"""Fixtures of the real-node tests: a control plane, the local registry holding the project's
+images (built from images/ by buildah), one real node (a real kubelet on its own containerd,
+realnode.RealNode, 4 stand-in GPUs) pulling from it, the operator as its own process watching
+namespaces named realnode-*. Needs root and what hack/install-deps.sh installs, and the kubelet
+(`python -m vlm_testbed.controlplane build`, which this builds when missing)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def control_plane(pytestconfig: pytest.Config) -> Iterator[Any]:
     from vlm_operator.api.crd import get_crd
     from vlm_testbed.controlplane import ControlPlane, build
+    from vlm_testbed.realnode.config import host_address
 
     capman = pytestconfig.pluginmanager.getplugin("capturemanager")
     with capman.global_and_fixture_disabled():  # show build progress live
         build(node=True)
-    with ControlPlane([get_crd()]) as cp:
+    with ControlPlane([get_crd()], pod_address=host_address()) as cp:  # pods reach it
         yield cp
 
 
@@ -48,10 +50,23 @@ def api(control_plane: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def node(control_plane: Any) -> Iterator[Any]:
+def registry(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The local registry, holding the project's images built from images/ (and the bases and
+    pause image they need)."""
+    from vlm_testbed.realnode import LocalRegistry, build_images
+
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with LocalRegistry() as reg:
+        with capman.global_and_fixture_disabled():  # show build progress live
+            build_images(reg)
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def node(control_plane: Any, registry: Any) -> Iterator[Any]:
     from vlm_testbed.realnode import RealNode
 
-    with RealNode(control_plane, gpus=4) as n:
+    with RealNode(control_plane, registry=registry.address, gpus=4) as n:
         print(f"real node {n.name} Ready {n.kubelet_ready_seconds:.1f} s after its kubelet "
               f"started ({n.ready_seconds:.1f} s in all)")
         yield n

@@ -1,7 +1,8 @@
-"""A VLMDeployment's pod on a real node: the real kubelet runs the operator's pod spec (the vLLM
-stand-in's image, probes, downwardAPI volume, non-root, one GPU), gives it an address of the
-node's pod network, a GPU through the device plugin, an in-place restart when its engine process
-dies, and the operator's restart-request annotation in the container's file."""
+"""A VLMDeployment's pod on a real node: the real kubelet pulls the project's vLLM image (built
+from images/vllm/Dockerfile, served by the local registry) and runs the operator's pod spec
+(probes, downwardAPI volume, non-root, one GPU), gives it an address of the node's pod network,
+a GPU through the device plugin, an in-place restart when its engine process dies, and the
+operator's restart-request annotation in the container's file."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from kubernetes import client
 
 from vlm_operator.api import crd
 from vlm_operator.api.names import RESTART_REQUEST, RESTART_REQUEST_DIR, RESTART_REQUEST_FILE
+from vlm_testbed.realnode import VLLM_IMAGE
 from vlm_testbed.realnode.pods import container_status, is_ready, running_id, wait_for
 
-IMAGE = "vllm/vllm-openai:v0.20.2"
 # Remediation off: what the kubelet does is what is tested, not the operator's recovery.
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
               "engineStalled": {"action": "Ignore"}, "apiUnresponsive": {"action": "Ignore"}}
@@ -26,7 +27,7 @@ IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "
 
 def deploy(api: Any, ns: str, name: str = "real") -> None:
     body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
-            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": IMAGE, "replicas": 1,
+            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "replicas": 1,  # the default image
                      "health": IGNORE_ALL,
                      "vllm": {"env": [{"name": "VLM_SIM_STARTUP_SECONDS", "value": "0"}]}}}
     client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -59,6 +60,25 @@ def test_pod_runs_on_the_real_node_with_a_pod_address_and_a_gpu(api, ns, node):
     gpu = env.get("NVIDIA_VISIBLE_DEVICES", "")
     assert gpu.startswith(f"GPU-{node.name}-"), env  # set by the device plugin's Allocate
     assert os.stat(f"/proc/{node.task_pid(running_id(pod))}").st_uid == 10001  # runAsUser
+
+
+def test_the_kubelet_pulls_the_built_vllm_image_and_its_plugin_loads(api, ns, node):
+    """The default spec.image is the project's image: pulled by the kubelet from the local
+    registry (a Pulled Event with the pull's time, or already present from an earlier test on
+    this node), its plugin, installed by images/vllm/Dockerfile, loaded by the engine."""
+    v1 = client.CoreV1Api(api)
+    deploy(api, ns)
+    pod = ready_pod(api, ns)
+    assert pod.spec.containers[0].image == VLLM_IMAGE
+    status = container_status(pod)
+    assert status.image.endswith(VLLM_IMAGE.split("/", 1)[1]) and status.image_id, status
+    pulled = [e.message for e in v1.list_namespaced_event(ns).items
+              if e.reason == "Pulled" and e.involved_object.name == pod.metadata.name]
+    assert any("Successfully pulled image" in m or "already present on machine" in m
+               for m in pulled), pulled
+    print("pull:", pulled)
+    log = v1.read_namespaced_pod_log(pod.metadata.name, ns)
+    assert "vlm-tokenizer-pool active" in log, log[-2000:]
 
 
 def test_engine_process_killed_restarts_in_place(api, ns, node):
@@ -102,7 +122,7 @@ def test_restart_request_annotation_reaches_the_container_file(api, ns, node):
 
 
 def test_a_second_node_beside_the_first_has_its_own_network_gpus_and_logs(control_plane, api,
-                                                                         node):
+                                                                         registry, node):
     """Two kubelets on one machine: each its own bridge and /24, device-plugin socket and pod
     logs (the kubelet keeps those at fixed paths: each node's mount namespace has its own)."""
     from vlm_testbed.controlplane import ready_namespace
@@ -112,7 +132,8 @@ def test_a_second_node_beside_the_first_has_its_own_network_gpus_and_logs(contro
     v1 = client.CoreV1Api(api)
     ns = ready_namespace(api, f"realnode-second-{time.time_ns() % 10**6}")
     try:
-        with RealNode(control_plane, gpus=1, labels={"vlm-testbed/second": "true"}) as second:
+        with RealNode(control_plane, registry=registry.address, gpus=1,
+                      labels={"vlm-testbed/second": "true"}) as second:
             assert second.net.subnet != node.net.subnet
             first_gpus = v1.read_node(node.name).status.allocatable[GPU]
             assert (first_gpus, v1.read_node(second.name).status.allocatable[GPU]) == ("4", "1")

@@ -1,9 +1,12 @@
-"""The Helm chart as `helm template` renders it (helm from hack/helm.sh, fetched once)."""
+"""The Helm chart as `helm template` renders it, and installed by `helm install` (helm from
+hack/helm.sh, fetched once)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -24,3 +27,26 @@ def template(*args: str, release: str = "rel", namespace: str = "vlm-system") ->
     out = subprocess.run([helm(), "template", release, str(CHART), "--namespace", namespace,
                           *args], check=True, capture_output=True, text=True)
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def install(kubeconfig: str | Path, release: str, namespace: str, values: dict,
+            timeout_s: float = 240) -> float:
+    """`helm install --wait` of the chart with these values (written to a file beside the
+    kubeconfig); the seconds it took. Raises with helm's output when it fails."""
+    values_file = Path(kubeconfig).parent / f"values-{namespace}-{release}.json"
+    values_file.write_text(json.dumps(values))
+    t0 = time.monotonic()
+    r = subprocess.run([helm(), "--kubeconfig", str(kubeconfig), "install", release, str(CHART),
+                        "-n", namespace, "-f", str(values_file), "--wait", "--timeout",
+                        f"{timeout_s:.0f}s"], capture_output=True, text=True,
+                       timeout=timeout_s + 60)
+    if r.returncode != 0:
+        raise RuntimeError(f"helm install {release} -n {namespace} failed ({r.returncode}):\n"
+                           f"{r.stdout}\n{r.stderr}")
+    return time.monotonic() - t0
+
+
+def uninstall(kubeconfig: str | Path, release: str, namespace: str) -> None:
+    """`helm uninstall --wait`, best effort (teardown)."""
+    subprocess.run([helm(), "--kubeconfig", str(kubeconfig), "uninstall", release, "-n",
+                    namespace, "--wait"], capture_output=True, timeout=180)

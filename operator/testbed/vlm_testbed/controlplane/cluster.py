@@ -41,10 +41,16 @@ class ControlPlane:
         start_timeout_s: float = 120.0,
         verbosity: int = 1,
         audit_users: Sequence[str] = (),
+        pod_address: str | None = None,
     ) -> None:
         """`audit_users`: requests of these users are written to the audit log
-        (log_path("audit")), one JSON line each at completion (metadata only)."""
+        (log_path("audit")), one JSON line each at completion (metadata only). `pod_address`:
+        an address of this machine that pods on real nodes reach; the apiserver then listens
+        on every address (not only loopback), advertises this one and its certificate names
+        it, and in_cluster_env() says how a pod reaches it (there is no kube-proxy here to
+        carry the kubernetes Service's ClusterIP)."""
         self.manifests = list(manifests)
+        self.pod_address = pod_address
         self.audit_users = list(audit_users)
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else None
@@ -70,6 +76,14 @@ class ControlPlane:
         if not self.kubeconfig:
             raise ControlPlaneError("control plane not started")
         return api_client_from_kubeconfig(self.kubeconfig)
+
+    def in_cluster_env(self) -> dict[str, str]:
+        """The environment a pod's in-cluster client needs to reach this apiserver at
+        pod_address, in place of the kubernetes Service the kubelet names."""
+        if not self.pod_address:
+            raise ControlPlaneError("the control plane was started without a pod_address")
+        return {"KUBERNETES_SERVICE_HOST": self.pod_address,
+                "KUBERNETES_SERVICE_PORT": str(self.ports["apiserver"])}
 
     def log_path(self, component: str) -> Path:
         assert self.run_dir is not None
@@ -204,7 +218,9 @@ class ControlPlane:
         svc_ip = "10.0.0.1"
         srv_crt, srv_key = ca.issue(
             "apiserver", "kube-apiserver", server=True,
-            sans=["IP:127.0.0.1", f"IP:{svc_ip}", "DNS:localhost", "DNS:kubernetes",
+            sans=["IP:127.0.0.1", f"IP:{svc_ip}",
+                  *([f"IP:{self.pod_address}"] if self.pod_address else []),
+                  "DNS:localhost", "DNS:kubernetes",
                   "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
                   "DNS:kubernetes.default.svc.cluster.local"])
         admin_crt, admin_key = ca.issue("admin", "vlm-admin", orgs=["system:masters"])
@@ -236,7 +252,9 @@ class ControlPlane:
                      "--audit-log-maxsize=1024"]
         self._apiserver_cmd = [
             apiserver, v, f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", f"--secure-port={p['apiserver']}", "--insecure-port=0",
+            *(["--bind-address=0.0.0.0", f"--advertise-address={self.pod_address}"]
+              if self.pod_address else ["--bind-address=127.0.0.1"]),
+            f"--secure-port={p['apiserver']}", "--insecure-port=0",
             f"--cert-dir={pki}", f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
             f"--client-ca-file={ca.cert}", "--authorization-mode=Node,RBAC",
             # as on OpenShift: setting blockOwnerDeletion needs update on the owner's finalizers

@@ -4,11 +4,14 @@ kubelet's command line, and the mount namespace they share."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from vlm_testbed.controlplane.build import ControlPlaneError
+
+from .registry import MIRRORED
 
 CNI_BIN_DIR = "/usr/lib/cni"
 # The kubelet 1.20 keeps these at fixed paths, whatever its --root-dir: the device manager's
@@ -22,7 +25,9 @@ FIXED_PATHS = {"device-plugins": "/var/lib/kubelet/device-plugins", "pod-logs": 
 @dataclass(frozen=True)
 class NodeNet:
     """Node `index`'s network: bridge vlmbr<index> holding 10.244.<index>.1/24, pods on the
-    rest of that /24 (host-local), no masquerade, no route off the machine."""
+    rest of that /24 (host-local) with the bridge as their default gateway (so they reach
+    this machine's own addresses, the apiserver's pod_address among them), no masquerade:
+    nothing they send leaves the machine."""
 
     index: int
 
@@ -42,12 +47,29 @@ class NodeNet:
         return {
             "cniVersion": "0.4.0", "name": f"vlm-node{self.index}",
             "plugins": [{
-                "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
+                "type": "bridge", "bridge": self.bridge, "isGateway": True,
+                "isDefaultGateway": True, "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {"type": "host-local", "dataDir": str(ipam_dir),
                          "ranges": [[{"subnet": self.subnet, "gateway": self.gateway}]]},
             }],
         }
+
+
+def host_address() -> str:
+    """This machine's address on its route out: pods on every real node reach it through
+    their bridge's gateway (the kubelet and the apiserver refuse loopback for what pods use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # UDP: picks the route, sends nothing
+        except OSError as exc:
+            raise ControlPlaneError(f"no address but loopback on this machine ({exc}): pods "
+                                    "on a real node reach the apiserver at one") from exc
+        address = s.getsockname()[0]
+    if address.startswith("127."):
+        raise ControlPlaneError("no address but loopback on this machine: pods on a real node "
+                                "reach the apiserver at one")
+    return address
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -67,12 +89,17 @@ def add_bridge(net: NodeNet) -> None:
     ip("link", "set", net.bridge, "up")
 
 
-def containerd_config(root: Path, sandbox_image: str) -> str:
+def containerd_config(root: Path, sandbox_image: str, registry: str) -> str:
     """containerd 1.6 config (version 2): root, state, socket and runc state under `root`;
     restrict_oom_score_adj (runc fails every sandbox here without it: "can't get final
-    child's PID from pipe"); network namespaces under its state dir."""
+    child's PID from pipe"); network namespaces under its state dir; `registry` (host:port,
+    plain HTTP) as the mirror of the registries registry.MIRRORED names."""
     cd = root / "containerd"
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    mirrors = "".join(f"""
+[{cri}.registry.mirrors."{host}"]
+  endpoint = ["http://{registry}"]
+""" for host in MIRRORED)
     return f"""version = 2
 root = "{cd / 'root'}"
 state = "{cd / 'state'}"
@@ -111,7 +138,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [{cri}.cni]
   bin_dir = "{CNI_BIN_DIR}"
   conf_dir = "{root / 'cni' / 'net.d'}"
-"""
+{mirrors}"""
 
 
 def write_cni(root: Path, net: NodeNet) -> None:
@@ -139,7 +166,8 @@ def kubelet_args(*, kubelet: Path, root: Path, name: str, net: NodeNet, kubeconf
         f"--client-ca-file={ca}", "--anonymous-auth=false", "--authorization-mode=AlwaysAllow",
         "--rotate-certificates=false", "--make-iptables-util-chains=false",
         "--container-log-max-size=5Mi", "--container-log-max-files=2",
-        # images are imported by hand (no registry): never collect them; no eviction for disk
+        # the local registry goes with the session: never collect its images; no eviction
+        # for disk
         "--image-gc-high-threshold=100", "--image-gc-low-threshold=99",
         "--eviction-hard=memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
         "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),

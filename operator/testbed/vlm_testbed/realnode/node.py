@@ -24,7 +24,7 @@ from vlm_testbed.controlplane.processes import _die_with_parent, _kill_group, fr
 
 from . import config as cfg
 from . import stale
-from .images import PAUSE_IMAGE, import_image, pause_image, standin_image
+from .imagebuild import PAUSE_IMAGE
 
 GPU = "nvidia.com/gpu"
 _CA_LOCK = threading.Lock()  # the CA's serial file is shared by nodes started side by side
@@ -36,8 +36,10 @@ class RealNode:
     `control_plane`: a started controlplane.ControlPlane (its CA signs the node's client
     certificate, CN system:node:<name>, O system:nodes). `index`: the node's network
     (vlmbr<index>, 10.244.<index>.0/24); None picks the first free one. `gpus`: stand-in GPUs
-    the device plugin advertises as nvidia.com/gpu (0: no plugin). `images`: also import the
-    vLLM stand-in's image (the pause image is always imported).
+    the device plugin advertises as nvidia.com/gpu (0: no plugin). `registry`: the local
+    registry's address (registry.LocalRegistry holding imagebuild.build_images' images, the
+    pod sandbox's among them), which the node's containerd pulls docker.io and ghcr.io names
+    from.
 
     stop() deletes the node's pods and its Node, then stops only what it started: the
     kubelet, the device plugin, the containers (through its containerd), containerd and the
@@ -46,13 +48,13 @@ class RealNode:
     SIGTERM when the thread that started them ends (PR_SET_PDEATHSIG follows the thread)."""
 
     def __init__(self, control_plane: Any, index: int | None = None, *, name: str | None = None,
-                 gpus: int = 4, images: bool = True, ready_timeout_s: float = 120.0,
+                 registry: str, gpus: int = 4, ready_timeout_s: float = 120.0,
                  labels: dict[str, str] | None = None, verbosity: int = 1) -> None:
         self.cp = control_plane
         self.index = index
         self.name = name
         self.gpus = gpus
-        self.images = images
+        self.registry = registry
         self.ready_timeout_s = ready_timeout_s
         self.labels = labels or {}
         self.verbosity = verbosity
@@ -170,7 +172,8 @@ class RealNode:
         cfg.prepare_fixed_paths(root)
         cfg.write_cni(root, self.net)
         (root / "containerd").mkdir()
-        (root / "containerd.toml").write_text(cfg.containerd_config(root, PAUSE_IMAGE))
+        (root / "containerd.toml").write_text(
+            cfg.containerd_config(root, PAUSE_IMAGE, self.registry))
 
         holder = self._spawn("holder", cfg.namespace_holder_cmd(root), stdout=subprocess.PIPE)
         line = holder.stdout.readline() if holder.stdout else b""
@@ -184,9 +187,6 @@ class RealNode:
 
         self._spawn("containerd", [*enter, "containerd", "--config", str(root / "containerd.toml")])
         self._wait("containerd", lambda: self.ctr("version", timeout=5).returncode == 0, 60)
-        import_image(pause_image(), self.socket, self.log_path("images"))
-        if self.images:
-            import_image(standin_image(), self.socket, self.log_path("images"))
 
         self.kubelet_port = free_port()
         args = cfg.kubelet_args(

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from vlm_operator.desired.children import STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS
 
-from .images import STANDIN_IMAGES
+from .imagebuild import VLLM_IMAGE
 from .node import GPU
 
 T = TypeVar("T")
@@ -30,7 +30,7 @@ def standin_pod(name: str, labels: dict[str, str] | None = None, gpus: int = 1,
 
     env = {"VLM_SIM_STARTUP_SECONDS": "0", "VLM_SIM_STATS_INTERVAL": "0", **(env or {})}
     container = {
-        "name": "vllm", "image": STANDIN_IMAGES[0], "imagePullPolicy": "IfNotPresent",
+        "name": "vllm", "image": VLLM_IMAGE, "imagePullPolicy": "IfNotPresent",
         "command": ["vllm", "serve"], "args": ["org/tiny", "--port", "8000"],
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
