@@ -85,10 +85,12 @@ VLM_TESTBED_POD_NET=201 phase "e2e ($E2E_WORKERS workers)" .venv/bin/pytest test
   -m "not slow" -n "$E2E_WORKERS" --dist loadscope -p no:cacheprovider \
   --junitxml="$results/e2e.xml" || rc=1
 
-# Real nodes: a real kubelet on its own containerd, runc and CNI bridge (vlm_testbed.realnode,
-# the kubelet built with the control plane), running the operator's pod spec; they mostly wait
-# on the kubelet, so they run in the background beside the engine tests (nothing there is
-# timed). Needs root: elsewhere they are skipped, and counted as skipped.
+# Real nodes: real kubelets on containerd, runc and CNI bridges of their own (vlm_testbed.realnode,
+# the kubelet built with the control plane) pulling the project's images, built from images/ by
+# buildah, from a local registry; the operator's pod spec, a drain between two of them, and the
+# chart installing the operator as pods. They mostly wait on the kubelet, so they run in the
+# background beside the engine tests (nothing there is timed). Needs root: elsewhere they are
+# skipped, and counted as skipped.
 say "real-node tests (a real kubelet, containerd and runc): in the background (log: $results/realnode.log)"
 phase "real nodes (background)" .venv/bin/pytest tests/realnode -p no:cacheprovider \
   --junitxml="$results/realnode.xml" >"$results/realnode.log" 2>&1 &
