@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
+from vlm_operator.api.crd_spec import DEFAULT_IMAGE
+from vlm_testbed.failure_matrix.bed import IMAGE, Bed
 from vlm_testbed.realnode import config as cfg
-from vlm_testbed.realnode.imagebuild import VLLM_SHIM
+from vlm_testbed.realnode.imagebuild import VLLM_SHIM, VLLM_VERSIONS, vllm_image
 from vlm_testbed.realnode.registry import repository_path
 
 
@@ -74,3 +76,12 @@ def test_vllm_shim_drops_serve_starts_the_simulator_and_loads_an_installed_plugi
                                         "8000"]
     assert run_shim(tmp_path, "vlm_tokenizer_pool,other")[0] == "1"
     assert run_shim(tmp_path, "other")[0] == "0"  # VLLM_PLUGINS leaves it out
+
+
+def test_the_images_built_hold_the_default_image_and_the_failure_matrixs_release():
+    """On real nodes a bed runs the project's image of the matrix's vLLM release: built."""
+    built = {vllm_image(v) for v in VLLM_VERSIONS}
+    assert DEFAULT_IMAGE in built
+    bed = Bed(None, None, "ns", real_nodes=lambda gpus_per_node, nodes: None)
+    assert bed.image in built and bed.image.endswith(IMAGE.rsplit(":", 1)[1])
+    assert Bed(None, None, "ns").image == IMAGE  # simulated nodes: the upstream name

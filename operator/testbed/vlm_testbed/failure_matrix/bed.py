@@ -13,7 +13,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -26,6 +26,7 @@ from vlm_testbed.firewall import OPERATOR_GID
 from vlm_testbed.load import LoadClient
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
+from vlm_testbed.realnode.imagebuild import vllm_image
 
 IMAGE = "vllm/vllm-openai:v0.20.2"
 POLL_S = 0.2
@@ -58,8 +59,8 @@ class Observed:
 
 
 def vlmd_body(name: str, replicas: int = 1, health: dict | None = None,
-              env: list | None = None, **spec) -> dict:
-    body_spec = {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": IMAGE, "replicas": replicas,
+              env: list | None = None, image: str = IMAGE, **spec) -> dict:
+    body_spec = {"model": "Qwen/Qwen2-VL-2B-Instruct", "image": image, "replicas": replicas,
                  **spec}
     if health is not None:
         body_spec["health"] = health
@@ -106,18 +107,30 @@ def instance(pod: Any) -> Instance:
     return pod.metadata.uid, (statuses[0].restart_count if statuses else 0)
 
 
+class RealNodeFactory(Protocol):
+    def __call__(self, gpus_per_node: int, nodes: int,
+                 ) -> contextlib.AbstractContextManager[Any]: ...
+
+
 class Bed:
     """One namespace, its simulated GPU node(s) and, where a scenario asks, operator
     processes of its own (else the operator watching the namespace is someone else's)."""
 
     def __init__(self, api: Any, kubeconfig: Any, namespace: str, *,
                  node_options: Mapping[str, Any] | None = None,
-                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+                 ready_timeout_s: float = READY_TIMEOUT_S,
+                 real_nodes: RealNodeFactory | None = None) -> None:
         """node_options: more NodeSimulator arguments for the bed's nodes (real-cost starts:
         vllm_time_scale, image_pull_seconds, downward_api_lag); ready_timeout_s: how long a
-        row waits for pods to be ready before its fault."""
+        row waits for pods to be ready before its fault; real_nodes: where given, the bed's
+        nodes are real kubelets made by it (`real_nodes(gpus_per_node, nodes)`, a context
+        manager of an object with node_names), not simulated ones, and its VLMDeployments run
+        the project's image of the same vLLM release (the simulator plays the plugin in any
+        image; a real image has it only where images/vllm/Dockerfile installed it)."""
         self.api, self.kubeconfig, self.ns = api, kubeconfig, namespace
         self.node_options = dict(node_options or {})
+        self.real_nodes = real_nodes
+        self.image = IMAGE if real_nodes is None else vllm_image(IMAGE.rsplit(":", 1)[1])
         self.ready_timeout_s = ready_timeout_s
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -145,7 +158,8 @@ class Bed:
         """A bed on another namespace (`<ns>-<suffix>`, watched like this one), for rows with
         two tenants; deleted with this bed, served by this bed's nodes."""
         other = Bed(self.api, self.kubeconfig, f"{self.ns}-{suffix}",
-                    node_options=self.node_options, ready_timeout_s=self.ready_timeout_s)
+                    node_options=self.node_options, ready_timeout_s=self.ready_timeout_s,
+                    real_nodes=self.real_nodes)
         ready_namespace(self.api, other.ns)
         other.watcher = self.watcher
         self._stack.callback(self._delete_namespace, other.ns)
@@ -157,9 +171,15 @@ class Bed:
 
     # -- the node and operator side
     def nodes(self, gpus_per_node: int, nodes: int = 1, tag: str = "n",
-              **options: Any) -> NodeSimulator:
-        """Simulated GPU nodes; `options`: more NodeSimulator arguments for these nodes only (a
-        row's own kubelet back-off)."""
+              **options: Any) -> Any:
+        """GPU nodes (simulated, or real where the bed has real_nodes); `options`: more
+        NodeSimulator arguments for these nodes only (a row's own kubelet back-off), which a
+        real kubelet does not take: such a row runs on simulated nodes only."""
+        if self.real_nodes is not None:
+            if options or self.node_options:
+                raise ValueError(f"real nodes take no simulator options "
+                                 f"({sorted({**self.node_options, **options})})")
+            return self._stack.enter_context(self.real_nodes(gpus_per_node, nodes))
         sim = NodeSimulator(self.kubeconfig, nodes=nodes, gpus_per_node=gpus_per_node,
                             **{"backoff_base": 1.0, **self.node_options, **options},
                             name_prefix=f"sim-{self.ns}-{tag}")
@@ -186,8 +206,11 @@ class Bed:
 
     # -- VLMDeployments
     def create(self, name: str, **kw) -> None:
+        if self.real_nodes is not None:  # starts at once, as the simulator's nodes make it
+            kw["env"] = [{"name": "VLM_SIM_TIME_SCALE", "value": "0"}, *(kw.get("env") or [])]
+        body = vlmd_body(name, image=self.image, **kw)
         self.custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, self.ns,
-                                                    crd.PLURAL, vlmd_body(name, **kw))
+                                                    crd.PLURAL, body)
 
     def get(self, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, self.ns,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from vlm_testbed.realnode.imagebuild import PAUSE_IMAGE
+
 from .bed import DRAIN_WAIT_S, instance
 
 if TYPE_CHECKING:
@@ -29,10 +31,11 @@ def cordon(bed: Bed, node: str, on: bool) -> None:
 
 
 def place_blocker(bed: Bed, node: str) -> None:
-    """A pod of another app holding the one GPU of `node`."""
+    """A pod of another app holding the one GPU of `node` (the pause image: it sleeps, on a
+    simulated node and on a real one)."""
     bed.core.create_namespaced_pod(bed.ns, {"metadata": {"name": "other-app"}, "spec": {
         "nodeName": node, "containers": [{
-            "name": "app", "image": "busybox", "command": ["sleep", "3600"],
+            "name": "app", "image": PAUSE_IMAGE,
             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
     bed.wait("the other app running", lambda: bed.core.read_namespaced_pod(
         "other-app", bed.ns).status.phase == "Running")

