@@ -204,6 +204,19 @@ class Bed:
         proc.proc.send_signal(sig)
         proc.proc.wait(30)
 
+    def run(self, row: Any) -> Observed:
+        """A failure-matrix row (rows.Row) on this bed, the default spec unless the row says
+        otherwise; what it observed, printed. On failure, the bed's own operators' log tails
+        are printed before the error goes on."""
+        try:
+            seen = row.run(self, None)
+        except BaseException:
+            for proc in self.operators:
+                print(f"operator {proc.log_path}:", proc.log()[-4000:], sep="\n")
+            raise
+        print(row.id, seen.as_dict())
+        return seen
+
     # -- VLMDeployments
     def create(self, name: str, **kw) -> None:
         if self.real_nodes is not None:  # starts at once, as the simulator's nodes make it
