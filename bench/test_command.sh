@@ -23,7 +23,7 @@ if (( wipe )); then
   # xz-utils, iproute2: removing them would take more than the test command ever installed)
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -q golang-go etcd-server rsync \
     golang-github-modern-go-reflect2-dev prometheus iptables containerd runc \
-    containernetworking-plugins >/dev/null
+    containernetworking-plugins buildah debootstrap docker-registry >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get autoremove -y -q >/dev/null
   $SUDO apt-get clean
   $SUDO rm -f /etc/apt/sources.list.d/vlm-operator-bookworm-src.sources
