@@ -85,3 +85,25 @@ def test_the_images_built_hold_the_default_image_and_the_failure_matrixs_release
     bed = Bed(None, None, "ns", real_nodes=lambda gpus_per_node, nodes: None)
     assert bed.image in built and bed.image.endswith(IMAGE.rsplit(":", 1)[1])
     assert Bed(None, None, "ns").image == IMAGE  # simulated nodes: the upstream name
+
+
+def test_a_failing_image_build_step_is_named_with_its_logs_tail(tmp_path):
+    from vlm_testbed.controlplane.build import ControlPlaneError
+    from vlm_testbed.realnode.imagebuild import _run
+
+    log = tmp_path / "build.log"
+    with pytest.raises(ControlPlaneError) as err:
+        _run("building images/operator/Dockerfile", ["sh", "-c", "echo no wheel >&2; exit 3"],
+             log)
+    text = str(err.value)
+    assert "building images/operator/Dockerfile failed (exit 3)" in text
+    assert "no wheel" in text and str(log) in text
+
+
+def test_a_machine_without_buildah_is_told_what_installs_it(tmp_path, monkeypatch):
+    from vlm_testbed.controlplane.build import ControlPlaneError
+    from vlm_testbed.realnode.imagebuild import Buildah
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    with pytest.raises(ControlPlaneError, match=r"needs buildah \(hack/install-deps\.sh"):
+        Buildah(tmp_path / "log")
