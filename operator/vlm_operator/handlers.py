@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api import names
 from vlm_operator.api.names import LOG_MARK
 from vlm_operator.k8s.pods import owner_name
+from vlm_operator.k8s.views import Pod
 from vlm_operator.metrics import RECONCILES
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
@@ -87,7 +88,7 @@ async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
     try:
         await asyncio.to_thread(memo.logwatch.observe, pod, event.get("type") == "DELETED")
     except Exception:  # a pod event must never break kopf's processing
-        log.exception("log watch of pod %s failed", pod["metadata"].get("name"))
+        log.exception("log watch of pod %s failed", Pod(pod).name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, when=_owner_mine)

@@ -44,6 +44,7 @@ from vlm_operator.api.validation import with_defaults
 from vlm_operator.desired.autoscaler_objects import KV_HIGH
 from vlm_operator.desired.children import IN_SERVICE_LABEL
 from vlm_operator.desired.stopping import DRAIN_LIMIT_S
+from vlm_operator.k8s.views import Pod
 
 TOLERANCE = 0.2
 FAST_FACTOR = 1.5
@@ -286,11 +287,11 @@ def drained(pod: PodSample) -> bool:
 
 def draining_since(pod: dict) -> float | None:
     """When the autoscaler took this pod out of the Service (its annotation), if it did."""
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(IN_SERVICE_LABEL) != "false":
+    meta = Pod(pod)
+    if meta.labels.get(IN_SERVICE_LABEL) != "false":
         return None
     try:
-        return float((meta.get("annotations") or {})[DRAIN_SINCE])
+        return float(meta.annotations[DRAIN_SINCE])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -300,5 +301,5 @@ def stale_drains(pods: list[dict], builtin: bool) -> list[str]:
     mode switch, autoscaling disabled). They go back into the Service."""
     if builtin:
         return []
-    return sorted(p["metadata"]["name"] for p in pods if draining_since(p) is not None
-                  and not p["metadata"].get("deletionTimestamp"))
+    return sorted(Pod(p).name for p in pods if draining_since(p) is not None
+                  and not Pod(p).deleting)

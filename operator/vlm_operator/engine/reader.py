@@ -44,6 +44,7 @@ from vlm_operator.api import names
 from vlm_operator.engine import podhttp
 from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.engine.podhttp import BAD_ANSWER, PodHTTPError
+from vlm_operator.k8s.views import Body, Pod
 
 METRICS_TIMEOUT_S = 1.0
 HEALTH_TIMEOUT_S = 1.0
@@ -62,10 +63,6 @@ HTTP_ERROR = "http_error"  # an answer with a status other than the one asked fo
 BUSY = "busy"  # not read this round: its last read still runs, or its share of workers was
 # taken until the round stopped waiting; says nothing about the pod
 NO_IP = "no-ip"
-
-
-def pod_ip(pod: dict) -> str | None:
-    return (pod.get("status") or {}).get("podIP") or None
 
 
 def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
@@ -210,20 +207,20 @@ class Scraper:
         futures: dict[str, Future] = {}
         start_by = time.monotonic() + START_BY_S
         for pod in pods:
-            meta = pod["metadata"]
-            ip = pod_ip(pod)
+            meta = Body(pod)
+            ip = Pod(pod).pod_ip
             if not ip:
-                out[meta["name"]] = Scrape(error=NO_IP)
+                out[meta.name] = Scrape(error=NO_IP)
                 continue
             with self._lock:
-                busy = meta["uid"] in self._busy
-                self._busy.add(meta["uid"])
+                busy = meta.uid in self._busy
+                self._busy.add(meta.uid)
             if busy:
-                out[meta["name"]] = Scrape(error=BUSY, detail="its last read still runs")
+                out[meta.name] = Scrape(error=BUSY, detail="its last read still runs")
                 continue
             future = self._pool.submit(owner, self._one, ip, names, start_by=start_by)
-            future.add_done_callback(lambda _, uid=meta["uid"]: self._done(uid))
-            futures[meta["name"]] = future
+            future.add_done_callback(lambda _, uid=meta.uid: self._done(uid))
+            futures[meta.name] = future
         wait(futures.values(), timeout=START_BY_S + self.timeout_s + 0.5)
         for name, future in futures.items():
             if future.done() and not future.cancelled():

@@ -23,6 +23,7 @@ from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.pods import kept_pod, owner_name
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.logs import matcher, stream
 from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
@@ -117,10 +118,10 @@ class LogWatch:
         a pod whose owner chain leads to its VLMDeployment is followed, and in the small form
         of kept_pod. A follower whose pod stopped being ours is ended; one whose owners could
         not be read goes on (the next write asks again)."""
-        meta = pod["metadata"]
-        uid = meta["uid"]
+        meta = Body(pod)
+        uid = meta.uid
         pod = kept_pod(pod)
-        ending = deleted or meta.get("deletionTimestamp")
+        ending = deleted or meta.deleting
         ours = None if ending else self._ours(pod)
         followers = self.followers.by_uid
         with self.followers.lock:
@@ -150,14 +151,14 @@ class LogWatch:
         """Whether the pod's owner chain leads to the VLMDeployment its label names (None: its
         owners could not be read). Controller references are remembered by Kube, so asking on
         every write costs no request once a pod is known."""
-        if owner_name(pod) != (pod["metadata"].get("labels") or {}).get(INSTANCE_LABEL):
+        if owner_name(pod) != Pod(pod).labels.get(INSTANCE_LABEL):
             return False
         try:
             return bool(self.kube.owned_pods([pod]))
         except ApiException as exc:
             self._errors["owner"].log(log, logging.WARNING, "owners of pod %s/%s: %s %s",
-                                      pod["metadata"].get("namespace"),
-                                      pod["metadata"].get("name"), exc.status, exc.reason)
+                                      Pod(pod).namespace,
+                                      Pod(pod).name, exc.status, exc.reason)
             return None
 
     def _still_ours(self, follower: Follower) -> bool:
