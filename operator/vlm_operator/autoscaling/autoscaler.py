@@ -50,12 +50,12 @@ from vlm_operator.autoscaling import starts
 from vlm_operator.autoscaling.budget import GpuBudget, placement
 from vlm_operator.autoscaling.pod_states import fenced, pod_state, removed_elsewhere
 from vlm_operator.desired import children, stopping
-from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.gpu_plan import Claim
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.kube import Kube, now_iso
 from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import incidents
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ def controller_of(obj: Mapping) -> dict | None:
                  if ref.get("controller")), None)
 
 
-def owner_name(obj: Mapping) -> str | None:
+def vlmd_name(obj: Mapping) -> str | None:
     """The VLMDeployment a child belongs to: its controller ownerReference, else the label."""
     meta = obj.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:

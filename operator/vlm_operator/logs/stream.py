@@ -36,7 +36,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube, object_path
-from vlm_operator.k8s.pods import kept_pod, owner_name, rfc3339
+from vlm_operator.k8s.pods import kept_pod, rfc3339, vlmd_name
 from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.logs import marks, matcher
 from vlm_operator.logs.budget import LineBudget
@@ -74,13 +74,13 @@ class Sink(Protocol):
     kube: Kube
     budget: LineBudget
 
-    def extra_signatures(self, namespace: str, owner: str) -> tuple: ...
+    def extra_signatures(self, namespace: str, name: str) -> tuple: ...
 
     def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None: ...
 
     def follower_ended(self, follower: Follower) -> None: ...
 
-    def lookback_s(self, namespace: str, owner: str) -> float: ...
+    def lookback_s(self, namespace: str, name: str) -> float: ...
 
     def write_mark(self, follower: Follower, mark: marks.Mark) -> None: ...
 
@@ -100,7 +100,7 @@ class Follower(threading.Thread):
         super().__init__(daemon=True, name=f"logs {meta.namespace}/{meta.name}")
         self.sink = sink
         self.namespace, self.name, self.uid = meta.namespace, meta.name, meta.uid
-        self.owner = owner_name(pod) or ""
+        self.vlmd_name = vlmd_name(pod) or ""
         self.pod = pod
         self.mark_every_s = mark_every_s
         self.stopped = threading.Event()
@@ -279,7 +279,7 @@ class Follower(threading.Thread):
         since, mark = marks.resume_point(
             marks.parse_mark(Pod(pod).annotations),
             Pod(pod).container.get("containerID"), time.time(),
-            min(marks.MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
+            min(marks.MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.vlmd_name)))
         if mark is None:
             return
         self.dedupe.sec = max(self.dedupe.sec, since // 1_000_000_000)
@@ -359,7 +359,7 @@ class Follower(threading.Thread):
         self.last_line_stamp = ns / 1e9 if ns else time.time()
         readable = self.readable
         try:
-            extra = self.sink.extra_signatures(self.namespace, self.owner)
+            extra = self.sink.extra_signatures(self.namespace, self.vlmd_name)
             if extra is not self.extra:  # the VLMDeployment's extraSignatures changed
                 self.extra = extra
                 self.scanner = matcher.Scanner(extra, self.prefix or "")

@@ -17,8 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
 from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import actions, drains, events, guards, steps
 from vlm_operator.remediation.context import ActionContext
 from vlm_operator.remediation.incidents import (

@@ -22,11 +22,11 @@ from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.metrics import REMEDIATIONS
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import (
     actions,
     drains,

@@ -7,7 +7,7 @@ events keep the set of objects here current (handlers.py); `may_act` keeps a rep
 peering paused from acting (its events stop too, so what it holds here goes stale). A round
 never waits for one slow VLMDeployment: one whose last round has not finished is skipped
 until it has. Rounds run on TICK_WORKERS workers shared fairly between namespaces
-(engine/fairpool.py), so one tenant's slow rounds take its share of them and no more; a
+(podreads/fairpool.py), so one tenant's slow rounds take its share of them and no more; a
 VLMDeployment whose round has nothing to do (`due`: no pods, runtime/rounds.py) takes none.
 
 Each loop beats the watchdog when it completes a round: "rounds" and "resync" for the loops,
@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.views import Body
 from vlm_operator.metrics import RECONCILES, ROUNDS
+from vlm_operator.podreads.fairpool import FairPool
 from vlm_operator.runtime.watchdog import ROUND_PREFIX, Watchdog, round_loop
 
 ROUND_SECONDS = 1.0

@@ -1,7 +1,7 @@
 """One round per VLMDeployment every second (runtime/periodic.py, on the active replica only): its
 pods listed once (from the watch-fed cache: no request), each pod's /metrics read once
 (scrape.Scraper: in parallel, each with a deadline, on workers shared fairly between
-namespaces), and the readings handed to engine/reachability.py (reachability for status), stall
+namespaces), and the readings handed to podreads/reachability.py (reachability for status), stall
 detection and, in Builtin mode, the autoscaler; the remediator makes sure every action in flight
 has a driver and looks for node drains.
 
@@ -16,10 +16,10 @@ from vlm_operator.api.validation import SpecError, parse
 from vlm_operator.autoscaling.autoscaler import Autoscaler, metric_names
 from vlm_operator.autoscaling.recommend import scaling_policy_from_spec
 from vlm_operator.desired import children
-from vlm_operator.engine.reachability import PodReads
-from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads.reachability import PodReads
+from vlm_operator.podreads.reader import Scraper
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.context import RoundTaker
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS

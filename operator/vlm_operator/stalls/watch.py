@@ -14,8 +14,8 @@ user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request
 like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
 one per stallSeconds - canaryTimeoutSeconds; a pod whose counters move gets none.
 
-Only timeouts on connections the pod accepted are evidence (engine/podhttp.py): a /metrics read that
-could not connect starts no check, and api_unresponsive is acted on only while the kubelet
+Only timeouts on connections the pod accepted are evidence (podreads/podhttp.py): a /metrics read
+that could not connect starts no check, and api_unresponsive is acted on only while the kubelet
 agrees (the pod is not Ready); until then it is logged once and left alone.
 """
 
@@ -29,11 +29,11 @@ from typing import Protocol
 
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import VLMDeployment
-from vlm_operator.engine import canary, reader
-from vlm_operator.engine.fairpool import FairPool
-from vlm_operator.engine.podhttp import TIMEOUT
 from vlm_operator.k8s.views import Pod
 from vlm_operator.metrics import CANARIES, DETECTIONS
+from vlm_operator.podreads import canary, reader
+from vlm_operator.podreads.fairpool import FairPool
+from vlm_operator.podreads.podhttp import TIMEOUT
 from vlm_operator.remediation.context import Reporter
 from vlm_operator.stalls import verdicts
 
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 API_HEALTH_TIMEOUT_S = 5.0  # as the generated liveness probe's timeout
 CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly between
-# namespaces (engine/fairpool.py): one tenant's many slow pods do not hold back another's canaries
+# namespaces (podreads/fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
 class LogSource(Protocol):

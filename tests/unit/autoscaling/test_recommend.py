@@ -529,7 +529,7 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
 def test_parse_pod_metrics_of_the_vllm_stand_in():
     from vlm_operator.api.crd import autoscaling_mode
     from vlm_operator.autoscaling.autoscaler import metric_names
-    from vlm_operator.engine.reader import parse_metrics as parse_pod_metrics
+    from vlm_operator.podreads.reader import parse_metrics as parse_pod_metrics
     from vlm_testbed import vllmsim
 
     text = vllmsim.render_metrics(

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vlm_operator.api.reports import Report
-from vlm_operator.engine import reader
-from vlm_operator.engine.podhttp import BAD_ANSWER, REDIRECT, TIMEOUT, TOO_LARGE, UNREACHABLE
 from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.metrics import POD_READ_ERRORS, PODS_UNREACHABLE, PODS_UNREADABLE
+from vlm_operator.podreads import reader
+from vlm_operator.podreads.podhttp import BAD_ANSWER, REDIRECT, TIMEOUT, TOO_LARGE, UNREACHABLE
 
 ENTER, LEAVE = 3, 3
 REACHABLE, READABLE = "PodsReachable", "PodsReadable"

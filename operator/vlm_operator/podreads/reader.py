@@ -1,13 +1,13 @@
 """Reading a vLLM pod over HTTP: /metrics and /health, each one bounded exchange
-(engine/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange); the stall
-canary has a module of its own (engine/canary.py).
+(podreads/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange); the stall
+canary has a module of its own (podreads/canary.py).
 
 Unknown is not zero: a read that fails says nothing about load, so callers get an error kind or
 None, never 0. Unreachable is not sick: a connection that cannot be made (UNREACHABLE) is kept
 apart from a server that accepted it and answered nothing (TIMEOUT), which is evidence.
 
 `Scraper` reads every pod of a round in parallel, on workers shared fairly between tenants
-(engine/fairpool.py), each read against its own deadline, so a round never waits for one slow pod
+(podreads/fairpool.py), each read against its own deadline, so a round never waits for one slow pod
 longer than that deadline, nor for the slow pods of another VLMDeployment; one GET per pod per
 round serves both the autoscaler and stall detection.
 
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import re2
 
 from vlm_operator.api import names
-from vlm_operator.engine import podhttp
-from vlm_operator.engine.fairpool import FairPool
-from vlm_operator.engine.podhttp import BAD_ANSWER, PodHTTPError
 from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import podhttp
+from vlm_operator.podreads.fairpool import FairPool
+from vlm_operator.podreads.podhttp import BAD_ANSWER, PodHTTPError
 
 METRICS_TIMEOUT_S = 1.0
 HEALTH_TIMEOUT_S = 1.0
@@ -185,7 +185,7 @@ class Scrape:
 
 class Scraper:
     """One /metrics read per pod per round, in parallel on workers shared fairly between
-    namespaces (engine/fairpool.py), each with its own deadline."""
+    namespaces (podreads/fairpool.py), each with its own deadline."""
 
     def __init__(self, workers: int = SCRAPE_WORKERS,
                  timeout_s: float = METRICS_TIMEOUT_S) -> None:
@@ -197,10 +197,10 @@ class Scraper:
     def stop(self) -> None:
         self._pool.shutdown()
 
-    def scrape(self, owner: tuple[str, str], pods: list[dict],
+    def scrape(self, key: tuple[str, str], pods: list[dict],
                names: Collection[str]) -> dict[str, Scrape]:
         """Pod name -> its reading of the samples `names` this round, for the pods of the
-        VLMDeployment `owner` (namespace, name). A pod still busy from an earlier round, or
+        VLMDeployment `key` (namespace, name). A pod still busy from an earlier round, or
         whose read could not start within START_BY_S (its namespace's share of the workers
         in use), reads as BUSY."""
         out: dict[str, Scrape] = {}
@@ -218,7 +218,7 @@ class Scraper:
             if busy:
                 out[meta.name] = Scrape(error=BUSY, detail="its last read still runs")
                 continue
-            future = self._pool.submit(owner, self._one, ip, names, start_by=start_by)
+            future = self._pool.submit(key, self._one, ip, names, start_by=start_by)
             future.add_done_callback(lambda _, uid=meta.uid: self._done(uid))
             futures[meta.name] = future
         wait(futures.values(), timeout=START_BY_S + self.timeout_s + 0.5)
