@@ -5,11 +5,12 @@ spec.autoscaling and spec.gateway come from their own modules."""
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
+from vlm_operator.api import versions
 from vlm_operator.api.crd_autoscaling import autoscaling
 from vlm_operator.api.crd_gateway import gateway
 from vlm_operator.api.crd_health import health
 
-DEFAULT_IMAGE = "ghcr.io/vlm-operator/vllm:v0.33.0"
+DEFAULT_IMAGE = "ghcr.io/vlm-operator/vllm:v" + ".".join(map(str, versions.DEFAULT_RELEASE))
 DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
 
 

@@ -89,7 +89,8 @@ MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work p
 # each); only the process silent for longest is ever dropped.
 MAX_PROCESSES = 64
 
-# Constant messages vLLM passes to logger.exception() before the tracebacks we read (0.11-0.33).
+# Constant messages vLLM passes to logger.exception() before the tracebacks we read (every
+# supported release).
 TRACEBACK_LEADS = frozenset({
     "Error in preprocessing prompt inputs",
     "AsyncLLM output_handler failed.",
