@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vlm_operator.api import crd, crd_spec
+from vlm_operator.api import crd, crd_spec, versions
 from vlm_operator.api.validation import parse
 from vlm_operator.desired import children, stopping
 
@@ -359,9 +359,10 @@ def test_the_compile_cache_lives_on_the_cache_volume_per_version_and_model():
     assert root.startswith(env_of(a)["HF_HOME"]["value"] + "/")  # survives what HF_HOME does
     b = vlmd(image="vllm/vllm-openai:v0.21.0")
     assert env_of(b)["VLLM_CACHE_ROOT"]["value"] != root  # another version: its own cache
+    default = ".".join(map(str, versions.DEFAULT_RELEASE))
     for model, key in (("/weights/../my model", "weights--..--my--model"), ("..", "model")):
-        path = env_of(vlmd(model=model))["VLLM_CACHE_ROOT"]["value"]
-        assert path == f"/models/vllm-cache/0.33.0/{key}"  # one path component, never ".."
+        path = env_of(vlmd(model=model))["VLLM_CACHE_ROOT"]["value"]  # the default image's
+        assert path == f"/models/vllm-cache/{default}/{key}"  # one path component, never ".."
 
 
 def test_a_read_write_once_cache_places_every_replica_on_its_node():
