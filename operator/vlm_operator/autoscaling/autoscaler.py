@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import metrics
-from vlm_operator.api import crd
+from vlm_operator.api import crd, scaling_signals
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import recommend as a
@@ -82,7 +82,8 @@ class _State:
 def metric_names(spec: dict) -> set[str]:
     """The /metrics samples `_sample` reads, for the round's scrape (reader.parse_metrics)."""
     return {"vllm:request_success_total", "vllm:mm_cache_queries_total",
-            "vllm:kv_cache_usage_perc", *reader.IN_FLIGHT_METRICS, spec["autoscaling"]["metric"]}
+            *(signal.metric for signal in scaling_signals.SIGNALS), *reader.IN_FLIGHT_METRICS,
+            spec["autoscaling"]["metric"]}
 
 
 
@@ -132,7 +133,8 @@ class Autoscaler:
         busy = sum(values.get(metric, 0.0) for metric in reader.IN_FLIGHT_METRICS)
         return a.PodSample(state=a.READY, metric=values.get(vlmd.spec["autoscaling"]["metric"],
                                                              0.0),
-                           kv_cache=values.get("vllm:kv_cache_usage_perc", 0.0),
+                           usage=tuple(values.get(signal.metric, 0.0)
+                                       for signal in scaling_signals.SIGNALS),
                            images_per_request=ipr, busy=busy, **base)
 
     def _failing(self, vlmd: VLMDeployment) -> set[str]:

@@ -18,7 +18,7 @@ POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=8, target=5, scale_down_de
 
 
 def pods(*waiting, state=a.READY, kv=0.0, ipr=0.0):
-    return [a.PodSample(f"p{i}", state=state, metric=w, kv_cache=kv, images_per_request=ipr,
+    return [a.PodSample(f"p{i}", state=state, metric=w, usage=(kv,), images_per_request=ipr,
                         busy=w) for i, w in enumerate(waiting)]
 
 
