@@ -48,7 +48,7 @@ def forged_rounds() -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from unit.fakes import FakeKube
     from vlm_operator.api.names import IN_FLIGHT
-    from vlm_operator.engine import reader
+    from vlm_operator.podreads import reader
     from vlm_operator.remediation.remediator import Remediator
 
     reader.requests_in_flight = lambda ip, *a, **kw: 0.0

@@ -52,7 +52,7 @@ from common import cpu_seconds, machine
 from vlm_operator.api import crd
 from vlm_operator.api.names import FENCE, GROUP, HISTORY, IN_FLIGHT
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
+from vlm_operator.podreads import reader
 from vlm_testbed.controlplane import ControlPlane, api_client_from_kubeconfig, build
 from vlm_testbed.failure_matrix import Bed, hostile_tenant
 from vlm_testbed.failure_matrix.bed import is_ready

@@ -1,5 +1,5 @@
 """What parsing the /metrics page a pod serves can cost the operator: reader.parse_metrics now
-against the parser of main (`git show main:operator/vlm_operator/engine/reader.py`, loaded at
+against the parser of main (`git show main:operator/vlm_operator/podreads/reader.py`, loaded at
 run time, not kept as code), side by side in one run, on pages a hostile pod can serve (at most
 METRICS_CAP bytes: what podhttp reads) and on a real vLLM 0.32.0 page.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import ROOT, machine
 from vlm_operator.autoscaling.autoscaler import metric_names
-from vlm_operator.engine import reader
+from vlm_operator.podreads import reader
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_testbed import vllmsim
 
@@ -41,11 +41,11 @@ NAME = b"vllm:num_requests_running"  # one of NAMES
 
 def main_parser():
     """parse_metrics as main has it."""
-    source = subprocess.run(["git", "show", "main:operator/vlm_operator/engine/reader.py"],
+    source = subprocess.run(["git", "show", "main:operator/vlm_operator/podreads/reader.py"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
     module = types.ModuleType("reader_main")
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, "main:operator/vlm_operator/engine/reader.py", "exec"), module.__dict__)
+    exec(compile(source, "main:operator/vlm_operator/podreads/reader.py", "exec"), module.__dict__)
     return module.parse_metrics
 
 

@@ -7,6 +7,7 @@
 
 Usage: .venv/bin/python bench/reconcile.py [--out bench/results/reconcile.json]
        [--old-src DIR: another checkout's operator measured first, on the same control plane]
+       [--rounds N: the trees measured N times each, alternating; results listed per run]
 """
 
 from __future__ import annotations
@@ -115,11 +116,11 @@ def idle(operator: OperatorProcess, seconds: float) -> dict:
             "rss_mib": rss_mib(operator.proc.pid)}
 
 
-def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
+def measure(cp: ControlPlane, api, args, tree: str, src: str | None, round_: int = 0) -> dict:
     """The three measures with the operator of `src` (a checkout's root; None: this tree),
     in namespaces of its own."""
     env = {"PYTHONPATH": str(Path(src) / "operator")} if src else None
-    prefix = f"bench-{tree}-"
+    prefix = f"bench-{tree}{round_}-"
     with OperatorProcess(cp.kubeconfig, "--standalone", "-n", f"{prefix}*",
                          env=env) as operator:
         core = client.CoreV1Api(api)
@@ -136,7 +137,8 @@ def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
         quiet = idle(operator, args.idle_seconds)
         print(f"  {quiet}", flush=True)
         core.delete_namespace(ns)
-    return {"latency": lat, "burst": bur, "idle": quiet}
+    return {"tree": tree, "src": src, "round": round_, "latency": lat, "burst": bur,
+            "idle": quiet}
 
 
 def main() -> int:
@@ -147,6 +149,7 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--old-src", help="also measure the operator of this checkout, first, "
                         "on the same control plane (e.g. `git archive REV | tar -x -C DIR`)")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     build()
     trees = ([("old", args.old_src)] if args.old_src else []) + [("this", None)]
@@ -154,15 +157,16 @@ def main() -> int:
             NodeSimulator(cp.kubeconfig, nodes=2, gpus_per_node=80, max_pods=110,
                           name_prefix="bench-node"):
         api = api_client_from_kubeconfig(cp.kubeconfig)
-        runs = {tree: measure(cp, api, args, tree, src) for tree, src in trees}
+        runs = [measure(cp, api, args, tree, src, r)
+                for r in range(args.rounds) for tree, src in trees]
     result = {
         "benchmark": "reconcile",
         "machine": machine(control_plane=K8S_VERSION,
                            note="2 shared cores; simulated nodes (one vLLM stand-in process "
                                 "per pod), real apiserver/controller-manager/scheduler"),
-        "old_src": args.old_src, **(runs if args.old_src else {
-            "latency": runs["this"]["latency"], "burst": runs["this"]["burst"],
-            "idle_with_100": runs["this"]["idle"]}),
+        "old_src": args.old_src, **({"runs": runs} if len(runs) > 1 else {
+            "latency": runs[0]["latency"], "burst": runs[0]["burst"],
+            "idle_with_100": runs[0]["idle"]}),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

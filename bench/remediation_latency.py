@@ -7,6 +7,7 @@ deletionTimestamp. Policy: threshold 1, Restart, no budget limit, minAvailable 0
 
 Usage: .venv/bin/python bench/remediation_latency.py [--incidents 100] [--replicas 4]
        [--old-src DIR: another checkout's operator measured first, on the same control plane]
+       [--rounds N: the trees measured N times each, alternating] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def post(ip: str, path: str, body: dict) -> None:
     urllib.request.urlopen(req, timeout=5).read()
 
 
-def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
+def measure(cp: ControlPlane, api, args, tree: str, src: str | None, round_: int = 0) -> dict:
     """`args.incidents` incidents with the operator of `src` (a checkout's root; None: this
     tree), in a namespace of its own."""
     core = client.CoreV1Api(api)
-    ns = f"{NS}-{tree}"
+    ns = f"{NS}-{tree}-{round_}"
     ready_namespace(api, ns)
     deleted_at: dict[str, float] = {}
     stop = threading.Event()
@@ -67,7 +68,7 @@ def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
     threading.Thread(target=watch_pods, daemon=True).start()
     env = {"PYTHONPATH": str(Path(src) / "operator")} if src else None
     with NodeSimulator(cp.kubeconfig, nodes=1, gpus_per_node=args.replicas + 2,
-                       backoff_base=1.0, name_prefix=f"bench-lat-{tree}"), \
+                       backoff_base=1.0, name_prefix=f"bench-lat-{tree}-{round_}"), \
             OperatorProcess(cp.kubeconfig, "--standalone", "-n", ns, env=env) as op:
         client.CustomObjectsApi(api).create_namespaced_custom_object(
             crd.GROUP, crd.VERSION, ns, crd.PLURAL, {
@@ -108,7 +109,7 @@ def measure(cp: ControlPlane, api, args, tree: str, src: str | None) -> dict:
         client.CustomObjectsApi(api).delete_namespaced_custom_object(
             crd.GROUP, crd.VERSION, ns, crd.PLURAL, "lat")
     return {
-        "tree": tree, "src": src, "incidents": args.incidents, "missed": missed,
+        "tree": tree, "src": src, "round": round_, "incidents": args.incidents, "missed": missed,
         "p50_s": statistics.median(latencies), "p99_s": percentile(latencies, 99),
         "max_s": max(latencies), "mean_s": statistics.fmean(latencies),
         "remediations_metric": [ln for ln in metrics.splitlines()
@@ -122,22 +123,25 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--old-src", help="also measure the operator of this checkout, first, on "
                     "the same control plane (e.g. `git archive REV | tar -x -C DIR`)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=RESULTS / "remediation-latency.json")
     args = ap.parse_args()
     build()
     trees = ([("old", args.old_src)] if args.old_src else []) + [("this", None)]
     with ControlPlane([crd.get_crd()]) as cp:
         api = api_client_from_kubeconfig(cp.kubeconfig)
-        runs = [measure(cp, api, args, tree, src) for tree, src in trees]
+        runs = [measure(cp, api, args, tree, src, r)
+                for r in range(args.rounds) for tree, src in trees]
     result = {"bench": "remediation_latency", "replicas": args.replicas, "runs": runs,
               "machine": machine(control_plane="v1.20.2 (local build)")}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "remediation-latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     rows = "".join(
         f"| {r['tree']}{' (' + r['src'] + ')' if r['src'] else ''} | {r['p50_s']:.3f} s | "
         f"{r['p99_s']:.3f} s | {r['max_s']:.3f} s | {r['mean_s']:.3f} s | "
         f"{r['incidents'] - r['missed']} ({r['missed']} missed) |\n" for r in runs)
     m = result["machine"]
-    (RESULTS / "remediation-latency.md").write_text(
+    args.out.with_suffix(".md").write_text(
         "# Remediation latency (log line written -> pod deletion seen at the apiserver)\n\n"
         f"{args.replicas} replicas, threshold 1, Restart; real kube-apiserver v1.20.2, operator "
         "as a process (each tree's in turn, on one control plane), pods = vllmsim on the node "

@@ -56,7 +56,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common import cpu_seconds, machine, percentile, rss_mib
 from vlm_operator.api import crd
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
+from vlm_operator.podreads import reader
 from vlm_testbed.controlplane import (
     K8S_VERSION,
     ControlPlane,

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common import machine
 from vlm_operator.api import names
 from vlm_operator.autoscaling.autoscaler import metric_names
-from vlm_operator.engine import reader
+from vlm_operator.podreads import reader
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
 from vlm_testbed import vllmsim
 

@@ -12,7 +12,8 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import names
 from vlm_operator.api.names import LOG_MARK
-from vlm_operator.k8s.pods import owner_name
+from vlm_operator.k8s.pods import vlmd_name
+from vlm_operator.k8s.views import Pod
 from vlm_operator.metrics import RECONCILES
 
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
@@ -26,7 +27,7 @@ def _mine(memo: kopf.Memo, namespace: str, name: str, **_) -> bool:
 
 def _owner_mine(memo: kopf.Memo, body: kopf.Body, namespace: str, **_) -> bool:
     """A child or pod whose VLMDeployment is of this process's shard."""
-    return memo.shard.owns(namespace, owner_name(body))
+    return memo.shard.owns(namespace, vlmd_name(body))
 
 
 def reconcile(memo: kopf.Memo, namespace: str, name: str, *, retry: bool) -> None:
@@ -87,7 +88,7 @@ async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
     try:
         await asyncio.to_thread(memo.logwatch.observe, pod, event.get("type") == "DELETED")
     except Exception:  # a pod event must never break kopf's processing
-        log.exception("log watch of pod %s failed", pod["metadata"].get("name"))
+        log.exception("log watch of pod %s failed", Pod(pod).name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, when=_owner_mine)
@@ -96,10 +97,10 @@ async def pod_logs(event: dict, memo: kopf.Memo, **_) -> None:
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels=MANAGED, when=_owner_mine)
 @kopf.on.event("", "v1", "pods", labels=MANAGED, when=_owner_mine)
 def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, event: dict, **_) -> None:
-    """A child changed or vanished: restore drift and refresh the owner's status."""
-    owner = owner_name(body)
-    if owner and _news(memo.seen, event):
-        reconcile(memo, namespace, owner, retry=False)
+    """A child changed or vanished: restore drift and refresh its VLMDeployment's status."""
+    vlmd = vlmd_name(body)
+    if vlmd and _news(memo.seen, event):
+        reconcile(memo, namespace, vlmd, retry=False)
 
 
 def _news(seen: dict[str, tuple[str, bytes, str | None]], event: dict) -> bool:

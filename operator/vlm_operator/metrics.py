@@ -105,7 +105,7 @@ ROUNDS_STALLED = Gauge("vlm_operator_rounds_stalled",
                        "VLMDeployments whose once-a-second round has not completed in the "
                        "watchdog's factor times its period.")
 
-# Reading tenants' pods (engine/reachability.py): per VLMDeployment and kind of error, never per
+# Reading tenants' pods (podreads/reachability.py): per VLMDeployment and kind of error, never per
 # pod.
 POD_READ_ERRORS = Counter("vlm_operator_pod_read_errors_total",
                           "Rounds' /metrics reads of managed pods that failed, by kind "

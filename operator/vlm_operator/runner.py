@@ -41,14 +41,14 @@ from vlm_operator.api.admin_policy import AdminPolicy
 from vlm_operator.api.names import FINALIZER, STORAGE_PREFIX
 from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.autoscaling.budget import GpuBudget
-from vlm_operator.engine.reachability import PodReads
-from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.gpu_plan import Growth
 from vlm_operator.k8s.kube import CONNECT_TIMEOUT_S, ApiClient, Kube, configure_connections
 from vlm_operator.k8s.peering import Peering, get_identity
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.watcher import LogWatch
+from vlm_operator.podreads.reachability import PodReads
+from vlm_operator.podreads.reader import Scraper
 from vlm_operator.reconcile.reconciler import Reconciler
 from vlm_operator.remediation.ladder import KubeletBackoff
 from vlm_operator.remediation.remediator import Remediator

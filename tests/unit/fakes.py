@@ -7,8 +7,8 @@ can say exactly what the glue did:
   None are removed.
 - ChildStore, FakeKube plus the children the reconciler applies.
 - what a round reads and calls (runtime/rounds.py, stalls/watch.py): the watch-fed pod cache
-  (k8s/caches.ClusterCache), the /metrics scraper and the pod HTTP calls (engine/reader.py,
-  engine/canary.py), a controllable clock, and recording fakes of the parts a round hands its
+  (k8s/caches.ClusterCache), the /metrics scraper and the pod HTTP calls (podreads/reader.py,
+  podreads/canary.py), a controllable clock, and recording fakes of the parts a round hands its
   readings to (stall watch, autoscaler, remediator)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import names
 from vlm_operator.desired import children
-from vlm_operator.engine import canary, reader
+from vlm_operator.podreads import canary, reader
 
 WRITES = ("patch_vlmd_annotations", "patch_vlmd_status", "delete", "patch_pod", "scale_vlmd",
           "post_event")
@@ -280,7 +280,7 @@ class FakeClusterCache:
 
 
 class FakeScraper:
-    """engine/reader.Scraper: each pod's reading from `readings` (pod name -> Scrape, or a
+    """podreads/reader.Scraper: each pod's reading from `readings` (pod name -> Scrape, or a
     function of the pod name); a pod with none reads as unreachable."""
 
     def __init__(self, readings: dict[str, reader.Scrape] | Callable[[str], reader.Scrape]
@@ -302,7 +302,7 @@ class FakeScraper:
 
 
 class FakePodHTTP:
-    """The stall watch's calls to a pod (engine/canary.send, engine/reader.health) answered
+    """The stall watch's calls to a pod (podreads/canary.send, podreads/reader.health) answered
     from a script, in place of HTTP: `install(monkeypatch)` puts it in."""
 
     def __init__(self, canary: str = canary.ANSWERED, health: str | None = None) -> None:

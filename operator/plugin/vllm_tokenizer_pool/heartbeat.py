@@ -3,8 +3,8 @@
 From outside, a hung engine and one long forward step (a long prompt with chunked prefill off,
 a large vision-encoder pass) look the same: no counter moves, no log line, /health answers 200.
 The engine core knows the difference, so the plugin has it say so. After vLLM builds its
-scheduler (`vllm.v1.core.sched.scheduler.Scheduler`, 0.11 - 0.33, subclasses included; built in
-the engine-core process once plugins are loaded), the instance's `schedule` and
+scheduler (`vllm.v1.core.sched.scheduler.Scheduler` on every supported release, subclasses
+included; built in the engine-core process once plugins are loaded), the instance's `schedule` and
 `update_from_output` are wrapped: a step is in flight from the scheduler output `schedule`
 returns until `update_from_output` takes it back (the forward pass runs in between), and a
 daemon thread logs every `VLM_ENGINE_HEARTBEAT_SECONDS` (5; 0 turns it off) through logger

@@ -1,4 +1,4 @@
-"""vLLM general plugin: put the bounded thread-safe tokenizer pool into every vLLM 0.11 - 0.33.
+"""vLLM general plugin: put the bounded thread-safe tokenizer pool into every vLLM in SUPPORTED.
 
 Entry point `vllm.general_plugins: vlm_tokenizer_pool = vllm_tokenizer_pool.plugin:register`.
 vLLM calls `register()` in every process it starts, possibly several times: it is idempotent
@@ -9,7 +9,7 @@ and never raises. What it patches depends on the installed vLLM (see `plan_for`)
   subclass is covered: DeepSeek V3.2/V4/V4.1, KimiK3, Inkling, Cohere...); after the original
   constructor ran, that tokenizer is pooled in place.
 - 0.11 - 0.20: also InputProcessingContext (the multimodal processor's tokenizer, copied 0.18+).
-- 0.21 - 0.33: also replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm
+- From 0.21: also replaces vLLM's unbounded `maybe_make_thread_pool` (in every loaded vllm
   module that imported the name) by the bounded pool; ours returns the tokenizer, which also
   fixes pickling on 0.21 - 0.23 (vLLM's returns None there).
 
@@ -49,7 +49,7 @@ from typing import Any
 
 logger = logging.getLogger("vllm.vlm_tokenizer_pool")
 
-SUPPORTED = ((0, 11), (0, 33))
+SUPPORTED = ((0, 11), (0, 33))  # the oldest and newest minor release; api/versions.py's too
 DEFAULT_POOL_SIZE = 2
 _MARK = "__vlm_tokenizer_pool__"
 

@@ -7,7 +7,7 @@ from vlm_operator.api import schema as s
 from vlm_operator.api.actions import POLICY
 from vlm_operator.api.health_signals import LOG, SIGNALS, signal
 
-ACTIONS = [a.value for a in POLICY]  # spec.health's action fields, as the schema lists them
+POLICY_VALUES = [a.value for a in POLICY]  # spec.health's action fields, as the schema lists them
 
 
 def signature_policy(what: str, threshold: int, window: int, action: str) -> s.Schema:
@@ -23,7 +23,7 @@ def signature_policy(what: str, threshold: int, window: int, action: str) -> s.S
             "action": s.string(
                 "Restart deletes the pod (its Deployment replaces it); ScaleDown takes it out of "
                 "the Service, drains it, then removes it and lowers the replica count; Ignore "
-                "only counts.", default=action, enum=ACTIONS),
+                "only counts.", default=action, enum=POLICY_VALUES),
         },
         default={},
     )
@@ -66,7 +66,7 @@ def health() -> s.Schema:
                     "action": s.string("What to do about a stalled pod (as for the "
                                        "other signals).",
                                        default=signal("engineStalled").action.value,
-                                       enum=ACTIONS),
+                                       enum=POLICY_VALUES),
                 },
                 default={},
             ),
@@ -82,7 +82,7 @@ def health() -> s.Schema:
                         "action.", default=3, minimum=1, maximum=100),
                     "action": s.string("What to do about it.",
                                        default=signal("apiUnresponsive").action.value,
-                                       enum=ACTIONS),
+                                       enum=POLICY_VALUES),
                 },
                 default={},
             ),
@@ -102,7 +102,7 @@ def health() -> s.Schema:
                         "SpecValid=False.",
                         min_length=3, max_length=256),
                     "action": s.string("What to do at the threshold.",
-                                       default="Restart", enum=ACTIONS),
+                                       default="Restart", enum=POLICY_VALUES),
                     "threshold": s.integer("Detections within windowSeconds that "
                                            "trigger the action.", default=1,
                                            minimum=1, maximum=10000),

@@ -5,12 +5,22 @@ spec.autoscaling and spec.gateway come from their own modules."""
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
+from vlm_operator.api import versions
 from vlm_operator.api.crd_autoscaling import autoscaling
 from vlm_operator.api.crd_gateway import gateway
 from vlm_operator.api.crd_health import health
 
-DEFAULT_IMAGE = "ghcr.io/vlm-operator/vllm:v0.33.0"
+DEFAULT_IMAGE = "ghcr.io/vlm-operator/vllm:v" + ".".join(map(str, versions.DEFAULT_RELEASE))
 DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+# spec.vllm fields passed to `vllm serve` as one flag with the field's value as it is, each
+# declared once with its schema: desired/children.py writes the flag, validation refuses it in
+# extraArgs (validation_engine.MANAGED_FLAGS).
+VALUE_FLAGS: dict[str, tuple[str, s.Schema]] = {
+    "maxModelLen": ("--max-model-len",
+                    s.integer("--max-model-len: context length.", minimum=1)),
+    "dtype": ("--dtype", s.string("--dtype of the weights and activations.", enum=DTYPES)),
+}
 
 
 def _env_var() -> s.Schema:
@@ -78,8 +88,7 @@ def spec() -> s.Schema:
             "vllm": s.obj(
                 "Engine settings passed to `vllm serve`.",
                 {
-                    "maxModelLen": s.integer("--max-model-len: context length.", minimum=1),
-                    "dtype": s.string("--dtype of the weights and activations.", enum=DTYPES),
+                    **{field: schema for field, (_, schema) in VALUE_FLAGS.items()},
                     "tensorParallelSize": s.integer(
                         "--tensor-parallel-size; defaults to gpusPerReplica.",
                         minimum=1, maximum=64),

@@ -48,7 +48,7 @@ class Pattern:
 class Signature:
     name: str
     severity: str
-    action: str
+    class_: str  # one of CLASSES (spelled "action" in scan-logs' definitions and output)
     patterns: tuple[Pattern, ...]
     merge_window_s: float = 0.0  # detections this close in time form one incident
     builtin: bool = True
@@ -241,9 +241,9 @@ def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatu
         if name in seen:
             raise SignatureConfigError(f"{at}.name: duplicate signature name {name!r}")
         seen.add(name)
-        action = d.get("action")
-        if action not in CLASSES:
-            raise SignatureConfigError(f"{at}.action: unknown class {action!r}; one of {CLASSES}")
+        class_ = d.get("action")
+        if class_ not in CLASSES:
+            raise SignatureConfigError(f"{at}.action: unknown class {class_!r}; one of {CLASSES}")
         severity = d.get("severity", "warning")
         if severity not in SEVERITIES:
             raise SignatureConfigError(
@@ -277,7 +277,7 @@ def compile_extra_signatures(defs: Iterable[Mapping], where: str = "extraSignatu
             raise SignatureConfigError(f"{at}.levels: must be a non-empty subset of {LEVELS}")
         pattern = Pattern("extra", compiled, "line", frozenset(files) if files else None,
                           frozenset(levels) if levels else None)
-        out.append(Signature(name, severity, action, (pattern,), builtin=False))
+        out.append(Signature(name, severity, class_, (pattern,), builtin=False))
     return tuple(out)
 
 

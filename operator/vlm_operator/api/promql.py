@@ -26,13 +26,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from vlm_operator.api import scaling_signals
+
 # A Prometheus metric name (the data model's [a-zA-Z_:][a-zA-Z0-9_:]*): what spec.autoscaling.metric
 # may hold, since it is pasted into queries and read from /metrics by name.
 METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 MAX_METRIC_NAME = 200
 _METRIC_NAME = re.compile(METRIC_NAME.strip("^$"))
 MAX_QUERY_LENGTH = 4096  # a tenant's query: tokenized in Python, at every reconcile
-KV_METRIC = "vllm:kv_cache_usage_perc"
 MAX_IMAGES_PER_REQUEST = 32  # caps KEDA's ratio while requests are in flight and none finished
 _TOKEN = re.compile(r"""
     (?P<space>\s+|\#[^\n]*)
@@ -161,8 +162,10 @@ def default_query(scaling: Mapping[str, Any], namespace: str, name: str) -> str:
 def keda_queries(scaling: Mapping[str, Any], namespace: str,
                  name: str) -> list[tuple[str, str]]:
     """(the field it comes from, the query) of each trigger of a KEDA ScaledObject, in order:
-    the tenant's query or the default one on the metric, then the total KV-cache usage."""
+    the tenant's query or the default one on the metric, then the sum of each capacity signal
+    (api/scaling_signals.py)."""
     own = (scaling.get("prometheus") or {}).get("query")
     return [("spec.autoscaling.prometheus.query", own) if own else
             ("spec.autoscaling.metric", default_query(scaling, namespace, name)),
-            ("spec.autoscaling", f"sum({KV_METRIC}{pods_selector(namespace, name)})")]
+            *(("spec.autoscaling", f"sum({signal.metric}{pods_selector(namespace, name)})")
+              for signal in scaling_signals.SIGNALS)]

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from vlm_operator.api import log_signatures, vllm_flags
+from vlm_operator.api.crd_spec import VALUE_FLAGS
 from vlm_operator.api.schema import section
 
 POOL_SIZE_ENV = "VLM_TOKENIZER_POOL_SIZE"
@@ -22,8 +23,7 @@ MANAGED_FLAGS = {
     "--port": "the operator always serves on port 8000 (port name http)",
     "--served-model-name": "set spec.servedModelName instead",
     "--revision": "set spec.revision instead",
-    "--max-model-len": "set spec.vllm.maxModelLen instead",
-    "--dtype": "set spec.vllm.dtype instead",
+    **{flag: f"set spec.vllm.{field} instead" for field, (flag, _) in VALUE_FLAGS.items()},
     "--tensor-parallel-size": "set spec.vllm.tensorParallelSize instead",
     "-tp": "set spec.vllm.tensorParallelSize instead",
     "--limit-mm-per-prompt": "set spec.vllm.limitMmPerPrompt instead",

@@ -9,8 +9,11 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+# The one place a new vLLM release is written on the operator's side (docs/contributing.md):
+# the plugin's SUPPORTED, README's range and the default image follow it, tied by tests.
 SUPPORTED_MIN = (0, 11, 0)
 KNOWN_LATEST = (0, 33)
+DEFAULT_RELEASE = (0, 33, 0)  # the vLLM of the default image (crd_spec.DEFAULT_IMAGE)
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-.+]?[A-Za-z0-9.+-]*)?$")
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator import metrics
-from vlm_operator.api import crd
+from vlm_operator.api import crd, scaling_signals
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.autoscaling import recommend as a
@@ -50,12 +50,12 @@ from vlm_operator.autoscaling import starts
 from vlm_operator.autoscaling.budget import GpuBudget, placement
 from vlm_operator.autoscaling.pod_states import fenced, pod_state, removed_elsewhere
 from vlm_operator.desired import children, stopping
-from vlm_operator.engine import reader
 from vlm_operator.k8s.caches import ClusterCache
 from vlm_operator.k8s.gpu_plan import Claim
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.kube import Kube, now_iso
-from vlm_operator.k8s.pods import parse_time, unschedulable_s
+from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import incidents
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class _State:
 def metric_names(spec: dict) -> set[str]:
     """The /metrics samples `_sample` reads, for the round's scrape (reader.parse_metrics)."""
     return {"vllm:request_success_total", "vllm:mm_cache_queries_total",
-            "vllm:kv_cache_usage_perc", *reader.IN_FLIGHT_METRICS, spec["autoscaling"]["metric"]}
+            *(signal.metric for signal in scaling_signals.SIGNALS), *reader.IN_FLIGHT_METRICS,
+            spec["autoscaling"]["metric"]}
 
 
 
@@ -112,8 +113,8 @@ class Autoscaler:
     # -- inputs
     def _sample(self, vlmd: VLMDeployment, pod: dict, reading: reader.Scrape | None,
                 state: _State, failing: set[str]) -> a.PodSample:
-        name = pod["metadata"]["name"]
-        created = parse_time(pod["metadata"].get("creationTimestamp")) or 0.0
+        name = Pod(pod).name
+        created = Pod(pod).created_at or 0.0
         base = dict(name=name, created=created, failing=name in failing)
         if fenced(pod):  # recovering in place: no load to read, back once it is Ready
             return a.PodSample(state=a.LOADING, fenced=True, **base)
@@ -132,7 +133,8 @@ class Autoscaler:
         busy = sum(values.get(metric, 0.0) for metric in reader.IN_FLIGHT_METRICS)
         return a.PodSample(state=a.READY, metric=values.get(vlmd.spec["autoscaling"]["metric"],
                                                              0.0),
-                           kv_cache=values.get("vllm:kv_cache_usage_perc", 0.0),
+                           usage=tuple(values.get(signal.metric, 0.0)
+                                       for signal in scaling_signals.SIGNALS),
                            images_per_request=ipr, busy=busy, **base)
 
     def _failing(self, vlmd: VLMDeployment) -> set[str]:
@@ -153,7 +155,7 @@ class Autoscaler:
             now = time.monotonic()
             if self._priorities is None or now - self._priorities[0] > 60:
                 items = self.kube.list_cluster("/apis/scheduling.k8s.io/v1/priorityclasses")
-                self._priorities = (now, {p["metadata"]["name"]: int(p.get("value", 0))
+                self._priorities = (now, {Pod(p).name: int(p.get("value", 0))
                                           for p in items})
             return self._priorities[1].get(class_name, 0)
 
@@ -210,25 +212,25 @@ class Autoscaler:
         """One round for one VLMDeployment (body: the plain-dict snapshot runtime/periodic.py keeps;
         pods and their readings: this round's, runtime/rounds.py)."""
         started = time.monotonic()
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
+        meta = Body(body)
+        key = (meta.namespace, meta.name)
         state = self._states.setdefault(key, _State())
-        if state.wrote_over is not None and meta.get("resourceVersion") == state.wrote_over:
+        if state.wrote_over is not None and meta.resource_version == state.wrote_over:
             # this view predates our own last write (kopf's watch lags, or is down): deciding
             # on it again would repeat that write's drains and deletions; read it afresh
             body = self.kube.get_vlmd(*key)
             if body is None:
                 return None
-            meta = body["metadata"]
+            meta = Body(body)
         try:
             vlmd = parse(body)
         except SpecError:
             return None
         self.budget.start()  # current by the time a scale-up needs it
-        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+        pods = [p for p in pods if not Pod(p).deleting
                 and not removed_elsewhere(p)]
         failing = self._failing(vlmd)  # once a round, not once a pod
-        samples = [self._sample(vlmd, p, scrapes.get(p["metadata"]["name"]), state, failing)
+        samples = [self._sample(vlmd, p, scrapes.get(Pod(p).name), state, failing)
                    for p in pods]
         current = int(body["spec"].get("replicas", vlmd.spec["replicas"]))
         now = self.clock()
@@ -238,15 +240,15 @@ class Autoscaler:
         state.history = decision.history
         desired, reason, message = decision.desired, decision.reason, decision.message
         # a surge replacement's GPU stands in for its sick pod's: not one of the replicas
-        surging = set(incidents.replacements(incidents.parse_in_flight(meta.get("annotations")),
+        surging = set(incidents.replacements(incidents.parse_in_flight(meta.annotations),
                                              pods).values())
         bound = sum(1 for s, p in zip(samples, pods, strict=True)
-                    if s.state != a.PENDING and p["metadata"]["uid"] not in surging)
+                    if s.state != a.PENDING and Pod(p).uid not in surging)
         growth = self.budget.growth
         stuck = sum(1 for s, p in zip(samples, pods, strict=True)
                     if growth is not None and s.state == a.PENDING
-                    and p["metadata"]["uid"] not in surging
-                    and unschedulable_s(p, now) >= growth.timeout_s)
+                    and Pod(p).uid not in surging
+                    and Pod(p).unschedulable_s(now) >= growth.timeout_s)
         granted, limited = self._grant(vlmd, current, bound, desired, stuck, state, now)
         if limited is not None:
             message = f"{message}; {limited[1]}"
@@ -255,7 +257,7 @@ class Autoscaler:
             limited = (limited[0], message)
         # replicas first: the condition and Event then describe a scale already written
         self._act(vlmd, samples, current, desired, pods, now, state,
-                  meta.get("resourceVersion"))
+                  meta.resource_version)
         self._set_limited(body, state, limited)
         starting = [p for p in pods if not fenced(p)]  # a fence is no start of a new replica
         state.starts = starts.seen_starts(state.starts, starting)
@@ -269,7 +271,7 @@ class Autoscaler:
         """Drain, delete and write replicas, decided on the view of resourceVersion `seen`
         (recorded before the first write: later rounds on that view read afresh)."""
         ns, name = vlmd.namespace, vlmd.name
-        draining = {p["metadata"]["name"]: since for p in pods
+        draining = {Pod(p).name: since for p in pods
                     if (since := a.draining_since(p)) is not None}
         if desired > current:
             for pod in draining:
@@ -286,7 +288,7 @@ class Autoscaler:
             self._mark(ns, pod, now)
         if not plan.delete:
             return
-        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        uids = {Pod(p).name: Pod(p).uid for p in pods}
         state.wrote_over = seen
         for pod in plan.delete:  # drained (or the drain limit passed): nothing to wait for
             self.kube.delete("v1", "Pod", ns, pod, uid=uids.get(pod),
@@ -313,7 +315,7 @@ class Autoscaler:
         changed = (limited and limited[0]) != (state.limited and state.limited[0])
         state.limited = limited
         if changed:
-            self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+            self.reconcile(*Body(body).key)
 
     def _record(self, vlmd: VLMDeployment, decision: a.ScalingRecommendation,
                 samples: list[a.PodSample], current: int, desired: int,

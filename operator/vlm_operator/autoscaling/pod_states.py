@@ -6,6 +6,7 @@ from __future__ import annotations
 from vlm_operator.autoscaling import recommend as a
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import is_ready
+from vlm_operator.k8s.views import Pod
 from vlm_operator.remediation import ladder
 
 
@@ -20,15 +21,15 @@ def pod_state(pod: dict) -> str:
                   for c in st.get("containerStatuses") or [])
     if st.get("podIP") and (ready or started):
         return a.READY
-    return a.LOADING if (pod.get("spec") or {}).get("nodeName") else a.PENDING
+    return a.LOADING if Pod(pod).node_name else a.PENDING
 
 
 def fenced(pod: dict) -> bool:
-    return ladder.parse_fence(pod["metadata"].get("annotations")) is not None
+    return ladder.parse_fence(Pod(pod).annotations) is not None
 
 
 def removed_elsewhere(pod: dict) -> bool:
     """Out of the Service, but not by this autoscaler nor fenced: remediation is removing it."""
-    labels = pod["metadata"].get("labels") or {}
+    labels = Pod(pod).labels
     return labels.get(children.IN_SERVICE_LABEL) == "false" and \
         a.draining_since(pod) is None and not fenced(pod)

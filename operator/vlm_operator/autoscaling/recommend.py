@@ -6,7 +6,7 @@ The acting side (autoscaling/autoscaler.py) scrapes each pod's /metrics and feed
 
 Load model. The need of one sample is in fractional replicas:
     max(sum(metric_i * (1 + multimodalWeight * images_per_request_i)) / target,
-        sum(kv_cache_usage_i) / KV_HIGH)
+        sum(usage_i) / full for each capacity signal (api/scaling_signals.py: KV-cache usage))
 over ready pods. Multimodal requests weigh more: images per request are observed per pod as the
 increase of vllm:mm_cache_queries_total (one per multimodal item looked up) over the increase of
 vllm:request_success_total between two scrapes; the last known ratio is kept while no request
@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
+from vlm_operator.api import scaling_signals
 from vlm_operator.api.names import DRAIN_SINCE
 from vlm_operator.api.validation import with_defaults
-from vlm_operator.desired.autoscaler_objects import KV_HIGH
 from vlm_operator.desired.children import IN_SERVICE_LABEL
 from vlm_operator.desired.stopping import DRAIN_LIMIT_S
+from vlm_operator.k8s.views import Pod
 
 TOLERANCE = 0.2
 FAST_FACTOR = 1.5
@@ -62,7 +63,7 @@ class PodSample:
     state: str = READY  # READY (scraped), UNKNOWN (ready, scrape failed), LOADING (bound, not
     # ready), PENDING (not bound)
     metric: float = 0.0  # the configured vLLM metric, summed over the pod's engines
-    kv_cache: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+    usage: tuple[float, ...] = ()  # each capacity signal's gauge (scaling_signals.SIGNALS)
     images_per_request: float = 0.0
     busy: float = 0.0  # running + waiting requests: what a drain waits for
     failing: bool = False  # a recent failure signature (from log watching)
@@ -165,7 +166,9 @@ def load_need(pods: Iterable[PodSample], policy: ScalingPolicy) -> float | None:
         metric_need = weighted / policy.target
     else:
         metric_need = math.inf if weighted > 0 else 0.0
-    return max(metric_need, sum(p.kv_cache for p in ready) / KV_HIGH)
+    # a sample without a signal's reading (none taken) counts 0 for it
+    return max([metric_need, *(sum(p.usage[i] for p in ready if i < len(p.usage)) / signal.full
+                               for i, signal in enumerate(scaling_signals.SIGNALS))])
 
 
 def keep_seconds(policy: ScalingPolicy) -> float:
@@ -286,11 +289,11 @@ def drained(pod: PodSample) -> bool:
 
 def draining_since(pod: dict) -> float | None:
     """When the autoscaler took this pod out of the Service (its annotation), if it did."""
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(IN_SERVICE_LABEL) != "false":
+    meta = Pod(pod)
+    if meta.labels.get(IN_SERVICE_LABEL) != "false":
         return None
     try:
-        return float((meta.get("annotations") or {})[DRAIN_SINCE])
+        return float(meta.annotations[DRAIN_SINCE])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -300,5 +303,5 @@ def stale_drains(pods: list[dict], builtin: bool) -> list[str]:
     mode switch, autoscaling disabled). They go back into the Service."""
     if builtin:
         return []
-    return sorted(p["metadata"]["name"] for p in pods if draining_since(p) is not None
-                  and not p["metadata"].get("deletionTimestamp"))
+    return sorted(Pod(p).name for p in pods if draining_since(p) is not None
+                  and not Pod(p).deleting)

@@ -24,14 +24,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vlm_operator.k8s.pods import (
-    container_status,
-    is_ready,
-    parse_time,
-    ready_condition,
-    restart_count,
-    rfc3339,
-)
+from vlm_operator.k8s.pods import is_ready, parse_time, ready_condition, rfc3339
+from vlm_operator.k8s.views import Pod
 
 STARTS_KEPT = 8
 MAX_PENDING_LISTED = 20  # status stays small with a large scale-up
@@ -50,15 +44,15 @@ def before_first_ready(pod: Mapping) -> bool:
     """The pod has not been Ready yet: not Ready, its first container still, and not started
     (the startup probe has not passed; a container that started and is not Ready may be one
     that flapped)."""
-    status = container_status(pod)
-    return not is_ready(pod) and restart_count(pod) == 0 and not status.get("started")
+    status = Pod(pod).container
+    return not is_ready(pod) and Pod(pod).restart_count == 0 and not status.get("started")
 
 
 def start_seconds(pod: Mapping) -> float | None:
     """Creation to Ready, for a pod that is Ready (None otherwise, or when unreadable)."""
     if not is_ready(pod):
         return None
-    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    created = Pod(pod).created_at
     became = parse_time(ready_condition(pod).get("lastTransitionTime"))
     if created is None or became is None or became < created:
         return None
@@ -70,12 +64,12 @@ def seen_starts(kept: Starts, pods: Iterable[Mapping]) -> Starts:
     now with its first container, once; the pods to watch on."""
     seen, watching = list(kept.seen), set()
     for pod in pods:
-        uid = (pod.get("metadata") or {}).get("uid")
+        uid = Pod(pod).uid
         if not uid:
             continue
         if before_first_ready(pod):
             watching.add(uid)
-        elif uid in kept.watching and restart_count(pod) == 0 and \
+        elif uid in kept.watching and Pod(pod).restart_count == 0 and \
                 (seconds := start_seconds(pod)) is not None:
             seen.append((uid, seconds))
     return Starts(tuple(seen[-STARTS_KEPT:]), frozenset(watching))
@@ -88,11 +82,11 @@ def pending_replicas(pods: Iterable[Mapping], starts: tuple[tuple[str, float], .
     typical = statistics.median(s for _, s in starts) if starts else None
     out = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        created = parse_time(meta.get("creationTimestamp"))
-        if is_ready(pod) or created is None or meta.get("deletionTimestamp"):
+        meta = Pod(pod)
+        created = meta.created_at
+        if is_ready(pod) or created is None or meta.deleting:
             continue
-        entry = {"pod": meta.get("name", ""), "since": rfc3339(created)}
+        entry = {"pod": meta.name, "since": rfc3339(created)}
         if typical is None:
             entry["expected"] = "unknown: no start of this VLMDeployment seen yet"
         else:

@@ -9,23 +9,22 @@ Kubernetes metric names cannot hold ':' there, so the HPA asks for the vLLM name
 it under that name. KEDA mode queries Prometheus itself.
 
 Both get the load signals Builtin mode uses where they can read them: the configured metric
-and, as a second metric (the HPA acts on the larger recommendation), the KV-cache usage with
-KV_HIGH per replica, so replicas that are busy without a queue (waiting 0, cache full) are not
-scaled away. KEDA's default query also weighs the metric by the images per request, as Builtin
-does per pod (here over the whole VLMDeployment); the HPA cannot (a Pods metric is one series).
+and, as further metrics (the HPA acts on the larger recommendation), each capacity signal of
+api/scaling_signals.py (the KV-cache usage, so replicas that are busy without a queue are not
+scaled away) with its value per full replica. KEDA's default query also weighs the metric by
+the images per request, as Builtin does per pod (here over the whole VLMDeployment); the HPA
+cannot (a Pods metric is one series).
 """
 
 from __future__ import annotations
 
-from vlm_operator.api import crd, names, promql
-from vlm_operator.api.promql import KV_METRIC
+from vlm_operator.api import crd, names, promql, scaling_signals
 from vlm_operator.api.validation import VLMDeployment
 
 HPA_KIND = "HorizontalPodAutoscaler"
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 KEDA_KIND = "ScaledObject"
 KEDA_POLLING_SECONDS = 15
-KV_HIGH = 0.8  # KV-cache usage that counts as one full replica (Builtin mode's too)
 
 
 # The prometheus-adapter rule HPA mode needs (docs/install.md): every vLLM series that carries
@@ -75,7 +74,8 @@ def get_hpa(vlmd: VLMDeployment, metadata: dict,
             "minReplicas": max(1, scaling["minReplicas"]),  # HPA cannot scale to zero
             "maxReplicas": scaling["maxReplicas"],
             "metrics": [_pods_metric(scaling["metric"], scaling["target"]),
-                        _pods_metric(KV_METRIC, KV_HIGH)],
+                        *(_pods_metric(signal.metric, signal.full)
+                          for signal in scaling_signals.SIGNALS)],
             "behavior": _behavior(scaling),
         },
     }
@@ -91,7 +91,7 @@ def get_scaled_object(vlmd: VLMDeployment, metadata: dict, prometheus_address: s
     """`prometheus_address`: policy.prometheus_address (the admin's, never the tenant's own).
     The queries are promql.keda_queries, which validation checks stay in the namespace."""
     scaling = vlmd.spec["autoscaling"]
-    (_, main), (_, kv) = promql.keda_queries(scaling, vlmd.namespace, vlmd.name)
+    (_, main), *capacity = promql.keda_queries(scaling, vlmd.namespace, vlmd.name)
 
     def trigger(query: str, threshold: float) -> dict:
         return {"type": "prometheus", "metricType": "AverageValue",
@@ -109,7 +109,9 @@ def get_scaled_object(vlmd: VLMDeployment, metadata: dict, prometheus_address: s
             "pollingInterval": KEDA_POLLING_SECONDS,
             "cooldownPeriod": scaling["scaleDownDelaySeconds"],
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(scaling)}},
-            "triggers": [trigger(main, scaling["target"]), trigger(kv, KV_HIGH)],
+            "triggers": [trigger(main, scaling["target"]),
+                         *(trigger(query, signal.full) for (_, query), signal
+                           in zip(capacity, scaling_signals.SIGNALS, strict=True))],
         },
     }
 

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from vlm_operator.api import names, versions
+from vlm_operator.api import crd_spec, names, versions
 from vlm_operator.api.names import (
     CONTAINER,
     GPU_RESOURCE,
@@ -115,8 +115,7 @@ def get_vllm_args(vlmd: VLMDeployment) -> list[str]:
     for flag, value in (
         ("--served-model-name", spec.get("servedModelName")),
         ("--revision", spec.get("revision")),
-        ("--max-model-len", engine.get("maxModelLen")),
-        ("--dtype", engine.get("dtype")),
+        *((flag, engine.get(field)) for field, (flag, _) in crd_spec.VALUE_FLAGS.items()),
     ):
         if value is not None:
             args += [flag, str(value)]

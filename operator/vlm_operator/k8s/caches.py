@@ -37,6 +37,7 @@ from vlm_operator.k8s.nodes import (
     pod_use,
 )
 from vlm_operator.k8s.pods import kept_pod
+from vlm_operator.k8s.views import Body, Pod
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,13 @@ def _keep_unbound(pod: dict) -> dict | None:
     meta = pod["metadata"]
     return {"metadata": {k: meta[k] for k in ("namespace", "name", "uid", "ownerReferences")
                          if k in meta} | {"labels": {
-                             INSTANCE_LABEL: (meta.get("labels") or {}).get(INSTANCE_LABEL, "")}},
+                             INSTANCE_LABEL: Body(pod).labels.get(INSTANCE_LABEL, "")}},
             "use": use}
 
 
 def _pod_key(pod: dict) -> tuple[str, str]:
-    meta = pod["metadata"]
-    return meta["namespace"], (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
+    meta = Body(pod)
+    return meta.namespace, meta.labels.get(INSTANCE_LABEL, "")
 
 
 def _labels(selector: str) -> dict[str, str]:
@@ -142,7 +143,7 @@ class ClusterCache:
         pods = self._managed(namespace).indexed(
             (namespace, wanted.get(INSTANCE_LABEL, "")))
         return self.kube.owned_pods([p for p in pods if all(
-            (p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())])
+            Pod(p).labels.get(k) == v for k, v in wanted.items())])
 
     def has_pods(self, namespace: str, name: str) -> bool | None:
         """Whether the VLMDeployment `name` has pods labelled as its (list_pods then checks

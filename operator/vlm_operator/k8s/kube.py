@@ -28,6 +28,7 @@ from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 from vlm_operator.api import names
 from vlm_operator.api.reports import Event
 from vlm_operator.k8s.pods import controller_of, rfc3339
+from vlm_operator.k8s.views import Body
 from vlm_operator.metrics import API_REQUESTS, EVENTS
 
 FIELD_MANAGER = "vlm-operator"
@@ -161,8 +162,8 @@ class Kube:
         """Server-side apply `obj` (forcing our fields); returns the object after. Callers
         check first that the object is theirs (reconcile/reconciler.py): a forced apply takes over
         any object of that name."""
-        meta = obj["metadata"]
-        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        meta = Body(obj)
+        path = object_path(obj["apiVersion"], obj["kind"], meta.namespace, meta.name)
         return self._call("PATCH", path, body=obj,
                           query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                           content_type="application/apply-patch+yaml")
@@ -201,8 +202,8 @@ class Kube:
         return [pod for pod in pods if self._leads_to_us(pod)]
 
     def _leads_to_us(self, pod: dict) -> bool:
-        meta = pod["metadata"]
-        namespace, name = meta.get("namespace", ""), (meta.get("labels") or {}).get(
+        meta = Body(pod)
+        namespace, name = meta.namespace, meta.labels.get(
             names.INSTANCE_LABEL)
         replicaset = controller_of(pod)
         if not name or not replicaset or replicaset.get("kind") != "ReplicaSet":
@@ -225,7 +226,7 @@ class Kube:
             return known[0]
         obj = self.get(api_version, kind, namespace, ref.get("name", ""))
         found = (controller_of(obj)
-                 if obj is not None and obj["metadata"].get("uid") == uid else None)
+                 if obj is not None and Body(obj).uid == uid else None)
         with self._owners_lock:
             if len(self._owners) >= OWNERS_KEPT:
                 self._owners.clear()

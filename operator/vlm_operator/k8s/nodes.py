@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from vlm_operator.k8s.pods import is_ready
+from vlm_operator.k8s.views import Body, Pod
 
 # A replica needs gpusPerReplica units of its GPU resource (spec.gpuResourceName: nvidia.com/gpu,
 # a MIG profile such as nvidia.com/mig-1g.10gb, amd.com/gpu, ...) on ONE node, and only on nodes
@@ -87,9 +88,8 @@ def pod_requests(pod_spec: dict) -> dict[str, int]:
 
 def pod_use(pod: dict) -> PodUse | None:
     """What a pod holds: bound, not finished, requesting an extended resource; else None."""
-    spec = pod.get("spec") or {}
-    node = spec.get("nodeName")
-    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    node = Pod(pod).node_name
+    if not node or Pod(pod).phase in ("Succeeded", "Failed"):
         return None
     return _use(pod, node)
 
@@ -97,9 +97,8 @@ def pod_use(pod: dict) -> PodUse | None:
 def pending_use(pod: dict) -> PodUse | None:
     """What a pod no node holds yet asks for (node ""): Pending, unbound, not being deleted,
     requesting an extended resource; else None."""
-    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
-    if (spec.get("nodeName") or meta.get("deletionTimestamp")
-            or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
+    meta = Pod(pod)
+    if meta.node_name or meta.deleting or (meta.phase or "Pending") != "Pending":
         return None
     return _use(pod, "")
 
@@ -108,10 +107,10 @@ def _use(pod: dict, node: str) -> PodUse | None:
     requests = pod_requests(pod.get("spec") or {})
     if not requests:
         return None
-    meta = pod.get("metadata") or {}
-    labels = sorted((k, v) for k, v in (meta.get("labels") or {}).items()
+    meta = Pod(pod)
+    labels = sorted((k, v) for k, v in meta.labels.items()
                     if isinstance(k, str) and isinstance(v, str) and k.startswith(LABEL_PREFIX))
-    return PodUse(node, requests, str(meta.get("namespace") or ""), tuple(labels[:LABELS_KEPT]))
+    return PodUse(node, requests, str(meta.namespace), tuple(labels[:LABELS_KEPT]))
 
 
 def node_of(node: dict) -> Node | None:
@@ -123,7 +122,7 @@ def node_of(node: dict) -> Node | None:
                    for t in spec.get("taints") or [])
     allocatable = {k: _units(v) for k, v in (status.get("allocatable") or {}).items()
                    if _extended(k)}
-    return Node(node["metadata"]["name"], dict(node["metadata"].get("labels") or {}), taints,
+    return Node(Body(node).name, dict(Body(node).labels), taints,
                 allocatable)
 
 
@@ -183,7 +182,7 @@ def leaving(node: dict, markers: tuple[Marker, ...] = ()) -> Leaving | None:
     no trace to watch: these are what is seen of a drain before it evicts."""
     spec = node.get("spec") or {}
     taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    labels = Body(node).labels
     cordoned = bool(spec.get("unschedulable")) or any(
         t.get("key") == UNSCHEDULABLE_TAINT for t in taints)
     for taint in taints:
@@ -209,7 +208,7 @@ def node_state(node: dict, markers: tuple[Marker, ...] = ()) -> NodeState | None
     budget = node_of(node) if why is None else None
     if budget is None and why is None:
         return None
-    return NodeState(node["metadata"]["name"], budget, why)
+    return NodeState(Body(node).name, budget, why)
 
 
 def free_by_node(nodes: list[Node], uses: list[PodUse]) -> dict[str, dict[str, int]]:

@@ -1,6 +1,6 @@
-"""Pure reads of pod objects (and the conditions nodes share with them): readiness, the vllm
-container's state, owners, RFC3339 times, and the part of a pod the operator keeps. No API
-calls."""
+"""Pure reads of objects that need more than a view's accessor (k8s/views.py): the Ready
+condition pods and nodes share, owners, RFC3339 times, and the part of a pod the operator
+keeps. No API calls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Mapping
 
 from vlm_operator.api.names import (
     ACTED_UNTIL,
-    CONTAINER,
     DRAIN_SINCE,
     FENCE,
     GROUP,
@@ -45,47 +44,13 @@ def is_ready(obj: Mapping) -> bool:
     return ready_condition(obj).get("status") == "True"
 
 
-def ready(pod: Mapping) -> bool:
-    """The kubelet's view: the pod's Ready condition is True (its readiness probe passes), for a
-    pod not being deleted."""
-    return not pod["metadata"].get("deletionTimestamp") and is_ready(pod)
-
-
-def not_ready(pod: Mapping) -> bool:
-    """The kubelet's view: the pod's Ready condition is False (its readiness probe fails), for
-    a pod not being deleted."""
-    return not pod["metadata"].get("deletionTimestamp") and \
-        ready_condition(pod).get("status") == "False"
-
-
-def is_active(pod: Mapping) -> bool:
-    """What a ReplicaSet counts in status.replicas and keeps spec.replicas of: a pod not being
-    deleted and not finished (phase Succeeded or Failed)."""
-    return not pod["metadata"].get("deletionTimestamp") and \
-        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
-def container_status(pod: Mapping) -> dict:
-    """The status of the pod's vllm container; {} before it has one."""
-    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
-                 if c.get("name") == CONTAINER), {})
-
-
-def restart_count(pod: Mapping) -> int:
-    return int(container_status(pod).get("restartCount") or 0)
-
-
-def is_running(pod: Mapping) -> bool:
-    return "running" in (container_status(pod).get("state") or {})
-
-
 def controller_of(obj: Mapping) -> dict | None:
     """`obj`'s controller ownerReference, if it has one."""
     return next((ref for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
                  if ref.get("controller")), None)
 
 
-def owner_name(obj: Mapping) -> str | None:
+def vlmd_name(obj: Mapping) -> str | None:
     """The VLMDeployment a child belongs to: its controller ownerReference, else the label."""
     meta = obj.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:
@@ -130,13 +95,3 @@ def kept_pod(pod: Mapping) -> dict:
         kept["ownerReferences"] = refs[:MAX_KEPT_OWNER_REFS]
     return {**pod, "metadata": kept}
 
-
-def unschedulable_s(pod: dict, now: float) -> float:
-    """How long the scheduler has refused this pod (0: it has not)."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
-                and cond.get("reason") == "Unschedulable"):
-            since = parse_time(cond.get("lastTransitionTime"))
-            if since is not None:
-                return max(0.0, now - since)
-    return 0.0

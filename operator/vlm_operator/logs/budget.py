@@ -1,6 +1,6 @@
 """What reading tenants' logs may cost the shared operator: a line rate and a CPU rate, shared
 between namespaces and, within a namespace, between its pods, as the scrape pool shares its
-workers (engine/fairpool.shares).
+workers (podreads/fairpool.shares).
 
 A follower scans each line with the GIL held (about 20 µs for a plain line, far more with a
 VLMDeployment's extra signatures), so one pod sending 50,000 lines/s would take all of it and
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vlm_operator.engine.fairpool import shares
+from vlm_operator.podreads.fairpool import shares
 
 LINES_PER_S = 10_000  # about a fifth of one core at 20 µs a line
 CPU_PER_S = 0.25  # seconds of CPU per second, all followers together

@@ -1,7 +1,7 @@
 """vLLM's log header: one physical line split into what the kubelet and vLLM put in front of
 its message. Pure.
 
-Line shape (vLLM 0.11 - 0.33), optional parts in brackets:
+Line shape (every supported vLLM), optional parts in brackets:
     [k8s RFC3339Nano time ][(Proc pid=N) ][VLLM_LOGGING_PREFIX][(Proc pid=N) ]LEVEL MM-DD HH:MM:SS
     [file.py:N] message
 with optional ANSI colour codes around each header token (vLLM's ColoredFormatter). A line

@@ -2,7 +2,7 @@
 
 The operator feeds every line of a vLLM container's log through a `Scanner` (one per pod
 container); `vlm-operator scan-logs` does the same offline. A detection names a signature from
-`SIGNATURES` (or a user-supplied extra one), its severity, and the default action class. The
+`SIGNATURES` (or a user-supplied extra one), its severity, and its class. The
 catalogue and the rules for users' signatures live in api/log_signatures.py (spec validation
 compiles them too); this module matches lines against them. A line is split into vLLM's
 header fields and its message by header.py (the line shape is described there); matching is on
@@ -89,7 +89,8 @@ MAX_MESSAGE = 8192  # messages are cut here before matching (bounds regex work p
 # each); only the process silent for longest is ever dropped.
 MAX_PROCESSES = 64
 
-# Constant messages vLLM passes to logger.exception() before the tracebacks we read (0.11-0.33).
+# Constant messages vLLM passes to logger.exception() before the tracebacks we read (every
+# supported release).
 TRACEBACK_LEADS = frozenset({
     "Error in preprocessing prompt inputs",
     "AsyncLLM output_handler failed.",
@@ -111,7 +112,7 @@ _FAILED_TO_APPLY = re.compile(r"ValueError: Failed to apply (?P<processor>\w+) o
 class Detection:
     signature: str
     severity: str
-    action: str
+    class_: str  # the signature's (api/log_signatures.CLASSES)
     variant: str
     fields: dict[str, str] = field(default_factory=dict)
     source: str = "line"  # line | traceback | chained
@@ -124,7 +125,7 @@ class Detection:
     def as_dict(self) -> dict:
         ln = self.line
         # scan-logs' output keeps its keys: "incident" and "new_incident" name these two
-        d = {"signature": self.signature, "severity": self.severity, "action": self.action,
+        d = {"signature": self.signature, "severity": self.severity, "action": self.class_,
              "variant": self.variant, "source": self.source, "incident": self.occurrence,
              "new_incident": self.first}
         if ln is not None:
@@ -144,7 +145,7 @@ def _first(ln: LogLine, sigs: Iterable[Signature], wanted: Callable[[Pattern], b
                 continue
             m = p.regex.match(msg)
             if m:
-                return Detection(sig.name, sig.severity, sig.action, p.variant,
+                return Detection(sig.name, sig.severity, sig.class_, p.variant,
                                  {k: v for k, v in m.groupdict().items() if v is not None},
                                  source, ln)
     return None
@@ -350,12 +351,12 @@ class Scanner:
             if m:
                 b.chained_seen = True
                 sig = next(s for s in SIGNATURES if s.name == "tokenizer_borrow_error")
-                return [Detection(sig.name, sig.severity, sig.action, "failed_to_apply",
+                return [Detection(sig.name, sig.severity, sig.class_, "failed_to_apply",
                                   {"processor": m.group("processor")}, "chained", ln,
                                   b.occurrence, False)]
         return []
 
 
 def _with(det: Detection, occurrence: int, first: bool) -> Detection:
-    return Detection(det.signature, det.severity, det.action, det.variant, det.fields,
+    return Detection(det.signature, det.severity, det.class_, det.variant, det.fields,
                      det.source, det.line, occurrence, first)

@@ -36,14 +36,8 @@ from urllib3.exceptions import ReadTimeoutError
 
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube, object_path
-from vlm_operator.k8s.pods import (
-    container_status,
-    is_running,
-    kept_pod,
-    owner_name,
-    restart_count,
-    rfc3339,
-)
+from vlm_operator.k8s.pods import kept_pod, rfc3339, vlmd_name
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.logs import marks, matcher
 from vlm_operator.logs.budget import LineBudget
 from vlm_operator.logs.header import logging_prefix
@@ -80,13 +74,13 @@ class Sink(Protocol):
     kube: Kube
     budget: LineBudget
 
-    def extra_signatures(self, namespace: str, owner: str) -> tuple: ...
+    def extra_signatures(self, namespace: str, name: str) -> tuple: ...
 
     def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None: ...
 
     def follower_ended(self, follower: Follower) -> None: ...
 
-    def lookback_s(self, namespace: str, owner: str) -> float: ...
+    def lookback_s(self, namespace: str, name: str) -> float: ...
 
     def write_mark(self, follower: Follower, mark: marks.Mark) -> None: ...
 
@@ -102,16 +96,16 @@ class Follower(threading.Thread):
     comes from the pod's watch events (`hand`), not from polling the apiserver."""
 
     def __init__(self, sink: Sink, pod: dict, mark_every_s: float = MARK_EVERY_S) -> None:
-        meta = pod["metadata"]
-        super().__init__(daemon=True, name=f"logs {meta['namespace']}/{meta['name']}")
+        meta = Body(pod)
+        super().__init__(daemon=True, name=f"logs {meta.namespace}/{meta.name}")
         self.sink = sink
-        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
-        self.owner = owner_name(pod) or ""
+        self.namespace, self.name, self.uid = meta.namespace, meta.name, meta.uid
+        self.vlmd_name = vlmd_name(pod) or ""
         self.pod = pod
         self.mark_every_s = mark_every_s
         self.stopped = threading.Event()
         self.woken = threading.Event()  # a pod event came (hand) or the follower stops
-        self.restarts = restart_count(pod)
+        self.restarts = Pod(pod).restart_count
         self.prefix = logging_prefix(pod)  # None: not known (from valueFrom)
         self.extra: tuple[matcher.Signature, ...] = ()
         self.scanner = matcher.Scanner((), self.prefix or "")
@@ -179,17 +173,17 @@ class Follower(threading.Thread):
             pod = self.pod
             opened, outcome = time.monotonic(), ERROR
             try:
-                restarts = restart_count(pod)
+                restarts = Pod(pod).restart_count
                 if restarts > self.restarts:
                     self._read_previous()
                     self.restarts = restarts
                     self._new_instance()
-                if not is_running(pod):
+                if not Pod(pod).running:
                     if not self.woken.wait(NOT_RUNNING_RECHECK_S) and not self._still_there():
                         return
                     continue
                 self._resume(pod)
-                self._container = container_status(pod).get("containerID")
+                self._container = Pod(pod).container.get("containerID")
                 opened = time.monotonic()
                 if self.reading_since is None:
                     self.reading_since = time.time()
@@ -222,9 +216,9 @@ class Follower(threading.Thread):
         for another reason is reopened after most_s."""
         deadline = time.monotonic() + most_s
         while not self.stopped.is_set():
-            pod = self.pod
-            if (not is_running(pod) or restart_count(pod) > self.restarts
-                    or container_status(pod).get("containerID") != self._container):
+            pod = Pod(self.pod)
+            if (not pod.running or pod.restart_count > self.restarts
+                    or pod.container.get("containerID") != self._container):
                 return
             left = deadline - time.monotonic()
             if left <= 0 or not self.woken.wait(left):
@@ -235,7 +229,7 @@ class Follower(threading.Thread):
         """The safety re-check of a pod not running that had no event for a long time: read
         it once; False when it is gone (or another pod took its name)."""
         pod = self.sink.kube.get("v1", "Pod", self.namespace, self.name)
-        if pod is None or pod["metadata"]["uid"] != self.uid:
+        if pod is None or Pod(pod).uid != self.uid:
             return False
         self.pod = kept_pod(pod)
         return True
@@ -283,9 +277,9 @@ class Follower(threading.Thread):
             return
         self._resumed = True
         since, mark = marks.resume_point(
-            marks.parse_mark((pod.get("metadata") or {}).get("annotations")),
-            container_status(pod).get("containerID"), time.time(),
-            min(marks.MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.owner)))
+            marks.parse_mark(Pod(pod).annotations),
+            Pod(pod).container.get("containerID"), time.time(),
+            min(marks.MAX_REPLAY_S, self.sink.lookback_s(self.namespace, self.vlmd_name)))
         if mark is None:
             return
         self.dedupe.sec = max(self.dedupe.sec, since // 1_000_000_000)
@@ -365,7 +359,7 @@ class Follower(threading.Thread):
         self.last_line_stamp = ns / 1e9 if ns else time.time()
         readable = self.readable
         try:
-            extra = self.sink.extra_signatures(self.namespace, self.owner)
+            extra = self.sink.extra_signatures(self.namespace, self.vlmd_name)
             if extra is not self.extra:  # the VLMDeployment's extraSignatures changed
                 self.extra = extra
                 self.scanner = matcher.Scanner(extra, self.prefix or "")

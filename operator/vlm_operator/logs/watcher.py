@@ -22,7 +22,8 @@ from vlm_operator.api.health_signals import NOT_FROM_LOG
 from vlm_operator.api.names import INSTANCE_LABEL, LOG_MARK
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.k8s.kube import Kube
-from vlm_operator.k8s.pods import kept_pod, owner_name
+from vlm_operator.k8s.pods import kept_pod, vlmd_name
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.logs import matcher, stream
 from vlm_operator.logs.budget import BURST_S, LineBudget
 from vlm_operator.logs.followers import Followers
@@ -117,10 +118,10 @@ class LogWatch:
         a pod whose owner chain leads to its VLMDeployment is followed, and in the small form
         of kept_pod. A follower whose pod stopped being ours is ended; one whose owners could
         not be read goes on (the next write asks again)."""
-        meta = pod["metadata"]
-        uid = meta["uid"]
+        meta = Body(pod)
+        uid = meta.uid
         pod = kept_pod(pod)
-        ending = deleted or meta.get("deletionTimestamp")
+        ending = deleted or meta.deleting
         ours = None if ending else self._ours(pod)
         followers = self.followers.by_uid
         with self.followers.lock:
@@ -150,14 +151,14 @@ class LogWatch:
         """Whether the pod's owner chain leads to the VLMDeployment its label names (None: its
         owners could not be read). Controller references are remembered by Kube, so asking on
         every write costs no request once a pod is known."""
-        if owner_name(pod) != (pod["metadata"].get("labels") or {}).get(INSTANCE_LABEL):
+        if vlmd_name(pod) != Pod(pod).labels.get(INSTANCE_LABEL):
             return False
         try:
             return bool(self.kube.owned_pods([pod]))
         except ApiException as exc:
             self._errors["owner"].log(log, logging.WARNING, "owners of pod %s/%s: %s %s",
-                                      pod["metadata"].get("namespace"),
-                                      pod["metadata"].get("name"), exc.status, exc.reason)
+                                      Pod(pod).namespace,
+                                      Pod(pod).name, exc.status, exc.reason)
             return None
 
     def _still_ours(self, follower: Follower) -> bool:
@@ -171,17 +172,17 @@ class LogWatch:
             if self.followers.by_uid.get(follower.uid) is follower:
                 del self.followers.by_uid[follower.uid]
         with self._lock:
-            findings = self._findings.get((follower.namespace, follower.owner))
+            findings = self._findings.get((follower.namespace, follower.vlmd_name))
             if findings is not None and follower.name in findings:
-                self._findings[(follower.namespace, follower.owner)] = {
+                self._findings[(follower.namespace, follower.vlmd_name)] = {
                     k: v for k, v in findings.items() if k != follower.name}
             self._events_sent = {k for k in self._events_sent
                                  if not k.startswith(follower.name + "/")}
         self.windows.forget(follower.uid)
         self.heartbeats.forget(follower.uid)
         self.budget.forget(follower.namespace, follower.uid)
-        if follower.owner:
-            self.remediator.forget_pod(follower.namespace, follower.owner, follower.uid)
+        if follower.vlmd_name:
+            self.remediator.forget_pod(follower.namespace, follower.vlmd_name, follower.uid)
 
     def stop(self) -> None:
         self.remediator.stop()
@@ -218,7 +219,7 @@ class LogWatch:
         candidates = self.windows.uids()
         with self.followers.lock:
             pods = [f for uid in candidates if (f := self.followers.by_uid.get(uid)) is not None
-                    and f.namespace == namespace and f.owner == name]
+                    and f.namespace == namespace and f.vlmd_name == name]
         with self._lock:
             findings = self._findings.get((namespace, name)) or {}
         out = {pod for pod, found in findings.items()
@@ -238,9 +239,9 @@ class LogWatch:
             log_off=_log_off(follower), log_unread=_log_unread(follower),
             reading_since=follower.reading_since)
         with self._lock:
-            by_pod = self._findings.get((follower.namespace, follower.owner)) or {}
+            by_pod = self._findings.get((follower.namespace, follower.vlmd_name)) or {}
             changed = found != by_pod.get(follower.name)
-            self._findings[(follower.namespace, follower.owner)] = {**by_pod,
+            self._findings[(follower.namespace, follower.vlmd_name)] = {**by_pod,
                                                                     follower.name: found}
             new = [f for f in found if f.key not in self._events_sent]
             self._events_sent.update(f.key for f in new)
@@ -249,17 +250,17 @@ class LogWatch:
         if due is not None and due > now:  # no pod event comes when the grace runs out
             follower.recheck_at(due + 1, self._recheck)
         for finding in new:
-            self.remediator.post_event(follower.namespace, follower.owner, pod,
+            self.remediator.post_event(follower.namespace, follower.vlmd_name, pod,
                                   Event("Warning", finding.kind, finding.message))
         return changed
 
     def _recheck(self, follower: Follower) -> None:
         """Findings again (a grace ran out, or the plugin's line came): status if they changed."""
-        if follower.stopped.is_set() or not follower.owner:
+        if follower.stopped.is_set() or not follower.vlmd_name:
             return
         try:
             if self._still_ours(follower) and self._pod_findings(follower, follower.pod):
-                self.reconcile(follower.namespace, follower.owner)
+                self.reconcile(follower.namespace, follower.vlmd_name)
         except Exception as exc:
             self._errors["findings"].log(log, logging.WARNING, "findings of %s/%s failed: %s",
                                          follower.namespace, follower.name, exc)
@@ -301,9 +302,9 @@ class LogWatch:
     def previous_unreadable(self, follower: Follower, reason: str) -> None:
         """The previous container's log could not be read: say so on the pod and its
         VLMDeployment (what it logged before it ended is not known)."""
-        if not follower.owner or not self._still_ours(follower):
+        if not follower.vlmd_name or not self._still_ours(follower):
             return
-        self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
+        self.remediator.post_event(follower.namespace, follower.vlmd_name, follower.pod, Event(
             "Warning", "PreviousLogUnavailable",
             f"{follower.name}: the log of the vllm container before its restart cannot be read "
             f"({reason}); what it logged before it ended is not known (a failure it showed "
@@ -319,10 +320,10 @@ class LogWatch:
         Warning Event on the pod and its VLMDeployment at most once per
         THROTTLE_EVENT_EVERY_S for that VLMDeployment."""
         LOG_LINES_THROTTLED.labels(follower.namespace).inc(lines)
-        key, now = (follower.namespace, follower.owner), time.monotonic()
+        key, now = (follower.namespace, follower.vlmd_name), time.monotonic()
         with self._lock:
             last = self._throttle_told.get(key)
-            if not follower.owner or (last is not None and now - last < THROTTLE_EVENT_EVERY_S):
+            if not follower.vlmd_name or (last is not None and now - last < THROTTLE_EVENT_EVERY_S):
                 return
             self._throttle_told = {k: t for k, t in self._throttle_told.items()
                                    if now - t < THROTTLE_EVENT_EVERY_S}
@@ -330,7 +331,7 @@ class LogWatch:
         if not self._still_ours(follower):
             return
         lines_s, cpu_s = self.budget.share(follower.namespace)
-        self.remediator.post_event(follower.namespace, follower.owner, follower.pod, Event(
+        self.remediator.post_event(follower.namespace, follower.vlmd_name, follower.pod, Event(
             "Warning", "LogThrottled",
             f"{follower.name}: its log goes over its share of the operator's log budget "
             f"(now {lines_s:g} lines/s and {cpu_s * 1000:g} ms of CPU per second, "
@@ -339,7 +340,7 @@ class LogWatch:
 
     # -- detections (from follower threads)
     def detected(self, follower: Follower, det: matcher.Detection, t: float) -> None:
-        DETECTIONS.labels(follower.namespace, follower.owner, det.signature).inc()
+        DETECTIONS.labels(follower.namespace, follower.vlmd_name, det.signature).inc()
         if det.signature == "engine_heartbeat":  # evidence for stall detection, no incident
             proc = det.line.proc if det.line is not None and det.line.proc else "engine"
             self.heartbeats.beat(follower.uid, follower.restarts, proc, det.fields, follower, t)
@@ -359,11 +360,11 @@ class LogWatch:
             follower.engine_dead_at = t
         if det.signature == "gpu_error":  # the ladder's input: its node is suspect
             follower.gpu_error = GpuFault(t, det.fields.get("error", det.variant))
-        if not follower.owner or not self._still_ours(follower):
+        if not follower.vlmd_name or not self._still_ours(follower):
             return
         try:
             self.remediator.report(
-                follower.namespace, follower.owner, uid=follower.uid, pod=follower.name,
+                follower.namespace, follower.vlmd_name, uid=follower.uid, pod=follower.name,
                 signature=det.signature, t=t,
                 count=lambda key, window_s: self.windows.add(follower.uid, key, t, window_s))
         except Exception as exc:  # an API error must not kill the stream, nor flood our log

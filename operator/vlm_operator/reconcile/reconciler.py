@@ -21,6 +21,7 @@ from vlm_operator.autoscaling import recommend as autoscaling
 from vlm_operator.autoscaling.autoscaler import put_out_of_service
 from vlm_operator.desired import autoscaler_objects, children, inference_pool
 from vlm_operator.k8s.kube import Kube, now_iso, priority_value, secret_labels
+from vlm_operator.k8s.views import Body
 from vlm_operator.reconcile import status
 from vlm_operator.remediation import incidents
 
@@ -101,7 +102,7 @@ class Reconciler:
                 with self._guard:
                     self._dirty.discard(key)
                 body = self.kube.get_vlmd(namespace, name)
-                if body is not None and not body["metadata"].get("deletionTimestamp"):
+                if body is not None and not Body(body).deleting:
                     self._reconcile(body)
                 with self._guard:  # checked and released together: no request slips between
                     if key not in self._dirty:
@@ -122,8 +123,8 @@ class Reconciler:
             log.info("status refresh of %s/%s: %s", namespace, name, exc)
 
     def _reconcile(self, body: dict) -> None:
-        meta = body["metadata"]
-        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        meta = Body(body)
+        namespace, name, generation = meta.namespace, meta.name, meta.generation
         old_status = body.get("status") or {}
         first_look = old_status.get("observedGeneration") != generation
         problems, warnings = validate(
@@ -145,7 +146,7 @@ class Reconciler:
                 for warning in warnings:
                     self.kube.post_event(body, Event("Warning", "SpecWarning", warning))
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
-        if deployment is not None and not children.is_controlled_by(deployment, meta.get("uid")):
+        if deployment is not None and not children.is_controlled_by(deployment, meta.uid):
             deployment = None  # another app's: its rollout says nothing about ours
         pods = self.kube.list_pods(namespace, children.get_selector(name))
         if vlmd is not None:
@@ -164,7 +165,7 @@ class Reconciler:
         new_status = status.get_status(
             name=name, generation=generation, old=old_status, vlmd=vlmd, problems=problems,
             deployment=deployment, pods=pods, now=now_iso(), reports=reports,
-            surge=incidents.surge(meta.get("annotations")))
+            surge=incidents.surge(meta.annotations))
         if _status_without_times(new_status) != _status_without_times(
                 {k: old_status.get(k) for k in new_status}):
             self.kube.patch_vlmd_status(namespace, name, new_status)
@@ -197,14 +198,14 @@ class Reconciler:
             pools, gateway = False, []
         if not drift:  # a new spec may no longer want an autoscaler or a pool an older one made
             self._delete_unwanted(body, vlmd, hpa_version, keda, pools)
-        surge = incidents.surge(body["metadata"].get("annotations"))
+        surge = incidents.surge(Body(body).annotations)
         address = admin_policy.prometheus_address(vlmd.spec,
                                                   self.rules or admin_policy.AdminPolicy())
         for child in [*children.get_children(vlmd, self.kube.pdb_api_version, hpa_version, keda,
                                              surge, address,
                                              self.kube.pdb_unhealthy_pod_eviction),
                       *inference_pool.get_gateway_children(vlmd, pools)]:
-            kind, child_name = child["kind"], child["metadata"]["name"]
+            kind, child_name = child["kind"], Body(child).name
             try:
                 before = self.kube.get(child["apiVersion"], kind, vlmd.namespace, child_name)
                 if not children.may_write(before, vlmd.uid):
@@ -261,7 +262,7 @@ class Reconciler:
             if obj is None or not children.is_controlled_by(obj, vlmd.uid):
                 continue
             if self.kube.delete(api_version, kind, vlmd.namespace, child_name,
-                                uid=obj["metadata"]["uid"]):
+                                uid=Body(obj).uid):
                 self.kube.post_event(body, Event("Normal", "Deleted",
                                                         f"Deleted {kind} {child_name}"))
 

@@ -11,6 +11,7 @@ from typing import Any
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import VLMDeployment
 from vlm_operator.desired import children
+from vlm_operator.k8s.views import Pod
 
 
 def set_condition(conditions: list[dict], type_: str, status: str, reason: str, message: str,
@@ -72,7 +73,7 @@ def get_status(*, name: str, generation: int | None, old: dict | None,
                     deployment["metadata"].get("generation", 0))
     dep_progress = next((c for c in dep_status.get("conditions") or []
                          if c.get("type") == "Progressing"), {})
-    crashing = sorted(p["metadata"]["name"] for p in pods
+    crashing = sorted(Pod(p).name for p in pods
                       if _waiting_reason(p) == "CrashLoopBackOff")
 
     if deployment is None:

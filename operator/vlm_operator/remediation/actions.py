@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api.names import ACTED_UNTIL, FENCE, RECOVERED_IN_PLACE, RESTART_REQUEST
 from vlm_operator.desired import children, stopping
 from vlm_operator.k8s.kube import Kube
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import (
     HISTORY,
@@ -29,7 +30,7 @@ CONFLICT_RETRIES = 5
 
 def pod_uids(pods: list[dict]) -> tuple[str, ...]:
     """The pods there are before a surge (its replacement is the one not among them)."""
-    return tuple(sorted(p["metadata"]["uid"] for p in pods))
+    return tuple(sorted(Pod(p).uid for p in pods))
 
 
 def restart(kube: Kube, namespace: str, *, pod: str, uid: str, serves: bool) -> bool:
@@ -46,9 +47,9 @@ def delete_quickly(kube: Kube, namespace: str, *, pod: str, uid: str) -> bool:
 
 def take_out_of_service(kube: Kube, namespace: str, pod: dict | None) -> None:
     """Out of the Service (again: an autoscaler that took it out may have put it back)."""
-    if pod is not None and (pod["metadata"].get("labels") or {}).get(
+    if pod is not None and Pod(pod).labels.get(
             children.IN_SERVICE_LABEL) != "false":
-        kube.patch_pod(namespace, pod["metadata"]["name"],
+        kube.patch_pod(namespace, Pod(pod).name,
                        labels={children.IN_SERVICE_LABEL: "false"})
 
 
@@ -89,7 +90,7 @@ def write_in_flight(kube: Kube, namespace: str, name: str, *, add: InFlight | No
         body = kube.get_vlmd(namespace, name)
         if body is None:
             return None
-        read = read_in_flight(body["metadata"].get("annotations"))
+        read = read_in_flight(Body(body).annotations)
         records = read.records
         if add is not None:
             records[add.uid] = add
@@ -98,7 +99,7 @@ def write_in_flight(kube: Kube, namespace: str, name: str, *, add: InFlight | No
         try:
             kube.patch_vlmd_annotations(
                 namespace, name, {IN_FLIGHT: in_flight_value(records, read.unknown)},
-                resource_version=body["metadata"].get("resourceVersion"))
+                resource_version=Body(body).resource_version)
         except ApiException as exc:
             if exc.status == 409 and attempt < CONFLICT_RETRIES - 1:
                 continue

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from vlm_operator.api.actions import Action
 from vlm_operator.api.reports import Report
-from vlm_operator.remediation.guards import PodView, needs_replacement, others_ready
+from vlm_operator.remediation.guards import Standing, needs_replacement, others_ready
 from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight, restarts_in_hour
 from vlm_operator.remediation.policy import HealthPolicy, Rule
 from vlm_operator.remediation.steps import NODE_DRAIN_WAIT_S, UNSCHEDULABLE_S
@@ -76,7 +76,7 @@ class PlanRequest:
     incident: Incident
     rule: Rule
     now: float
-    pods: tuple[PodView, ...]
+    pods: tuple[Standing, ...]
     history: tuple[float, ...]
     policy: HealthPolicy
     acted_until: float | None = None
@@ -131,8 +131,8 @@ def decide(request: PlanRequest) -> RemediationPlan:
         return skip(Reason.RECOVERED_IN_PLACE, f"{signature} on {pod} at {incident.last:.3f} "
                     "was logged by a container the kubelet has restarted in place since (the "
                     f"current one started at {r.container_since:.0f})")
-    views = list(r.pods)
-    target = next((p for p in views if p.name == pod), None)
+    standings = list(r.pods)
+    target = next((p for p in standings if p.name == pod), None)
     if target is not None and (target.deleting or not target.in_service or target.in_flight):
         return skip(Reason.IN_PROGRESS, f"{pod} is already being removed or replaced")
     if signature == "engine_dead" and r.health == "ok":
@@ -147,8 +147,8 @@ def decide(request: PlanRequest) -> RemediationPlan:
                     f"({policy.max_restarts_per_hour})")
     what = (f"{signature} on {pod}: {incident.detail}" if incident.detail else
             f"{count} {signature} in {rule.window_s:g} s on {pod} (threshold {rule.threshold})")
-    if needs_replacement(views, pod, policy, signature):
-        others = others_ready(views, pod)
+    if needs_replacement(standings, pod, policy, signature):
+        others = others_ready(standings, pod)
         if r.spare_gpus:
             return RemediationPlan(
                 Action.REPLACE, Reason.ACT, f"{what}: Replace (it still serves and only "

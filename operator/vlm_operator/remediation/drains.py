@@ -23,6 +23,7 @@ from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.remediation import actions, events, guards
 from vlm_operator.remediation.context import ActionContext
 from vlm_operator.remediation.incidents import (
@@ -63,37 +64,37 @@ def drain_work(pods: list[dict], records: Mapping[str, InFlight], *,
     """Whether a pod on a leaving node needs something this round: an action of its own, or
     its Replace record has yet to note the node (from the round's pods: the check is redone on
     a fresh read before acting)."""
-    views = [guards.pod_view(p, engine_dead(p["metadata"]["uid"]),
-                             p["metadata"]["uid"] in records) for p in pods]
-    for pod, view in zip(pods, views, strict=True):
-        node = leaving.get((pod.get("spec") or {}).get("nodeName"))
+    standings = [guards.standing(p, engine_dead(Pod(p).uid),
+                             Pod(p).uid in records) for p in pods]
+    for pod, standing in zip(pods, standings, strict=True):
+        node = leaving.get(Pod(pod).node_name)
         if node is None:
             continue
-        record = records.get(pod["metadata"]["uid"])
+        record = records.get(Pod(pod).uid)
         if record is not None:
             if unnoted(record, node):
                 return True
-        elif _action(view, views, policy, always_allow, node) is not None:
+        elif _action(standing, standings, policy, always_allow, node) is not None:
             return True
     return False
 
 
-def _action(view: guards.PodView, views: list[guards.PodView], policy: HealthPolicy,
+def _action(standing: guards.Standing, standings: list[guards.Standing], policy: HealthPolicy,
             always_allow: bool, node: Leaving) -> str | None:
     """guards.node_drain_action, but a pod that serves nothing is deleted only on a drain: a
     cordon alone evicts nothing, and the pod may be loading (deleting it loses the load)."""
-    action = guards.node_drain_action(view, views, policy, always_allow)
+    action = guards.node_drain_action(standing, standings, policy, always_allow)
     return None if action == Step.DELETE and not node.drain else action
 
 
 def on_round(rem: ActionContext, body: dict, pods: list[dict]) -> None:
     """The round's look for the VLMDeployment's pods on leaving nodes (body, pods: the
     round's snapshot, from the watch-fed cache); acted on after a fresh read."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    records = parse_in_flight(meta.get("annotations"))
+    meta = Body(body)
+    namespace, name = meta.namespace, meta.name
+    records = parse_in_flight(meta.annotations)
     leaving = leaving_nodes(rem)
-    if not leaving or not any((p.get("spec") or {}).get("nodeName") in leaving
+    if not leaving or not any(Pod(p).node_name in leaving
                               for p in pods):
         return
     owner = rem.owner(namespace, name)
@@ -113,12 +114,12 @@ def node_drains(rem: ActionContext, owner: Owner, *, leaving: Mapping[str, Leavi
     if body is None or owner.policy is None:
         return
     pods = rem.kube.list_pods(namespace, children.get_selector(name))
-    records = parse_in_flight(body["metadata"].get("annotations"))
-    views = [guards.pod_view(p, rem.engine_dead(p["metadata"]["uid"]),
-                             p["metadata"]["uid"] in records) for p in pods]
+    records = parse_in_flight(Body(body).annotations)
+    standings = [guards.standing(p, rem.engine_dead(Pod(p).uid),
+                             Pod(p).uid in records) for p in pods]
     now = stamp(time.time())
-    for pod, view in zip(pods, views, strict=True):
-        uid, node = pod["metadata"]["uid"], (pod.get("spec") or {}).get("nodeName")
+    for pod, standing in zip(pods, standings, strict=True):
+        uid, node = Pod(pod).uid, Pod(pod).node_name
         if node not in leaving:
             continue
         record = records.get(uid)
@@ -127,7 +128,7 @@ def node_drains(rem: ActionContext, owner: Owner, *, leaving: Mapping[str, Leavi
                 rem.write_in_flight(namespace, name, owner, add=dataclasses.replace(
                     record, node=node, node_since=now if leaving[node].drain else None))
             continue
-        action = _action(view, views, owner.policy, rem.kube.pdb_unhealthy_pod_eviction,
+        action = _action(standing, standings, owner.policy, rem.kube.pdb_unhealthy_pod_eviction,
                          leaving[node])
         if action == Step.DELETE:
             _release(rem, pod, owner=owner, body=body, node=node, why=leaving[node].why)
@@ -140,10 +141,10 @@ def _release(rem: ActionContext, pod: dict, *, owner: Owner, body: dict, node: s
              why: str) -> None:
     """A pod that serves nothing whose eviction the budget refuses: delete it."""
     namespace, name = owner.namespace, owner.name
-    meta = pod["metadata"]
-    if not actions.delete_quickly(rem.kube, namespace, pod=meta["name"], uid=meta["uid"]):
+    meta = Body(pod)
+    if not actions.delete_quickly(rem.kube, namespace, pod=meta.name, uid=meta.uid):
         return
-    text = (f"deleted {meta['name']}: its node {node} is leaving ({why}) and it serves "
+    text = (f"deleted {meta.name}: its node {node} is leaving ({why}) and it serves "
             "nothing, while the PodDisruptionBudget would refuse its eviction")
     log.info("%s/%s: %s", namespace, name, text)
     events.post(rem.kube, namespace, name, pod, Event("Normal", "NodeDrainReleased", text), body)
@@ -155,10 +156,10 @@ def _protect(rem: ActionContext, pod: dict, *, owner: Owner, body: dict, pods: l
     surge when a replica fits elsewhere, else waiting for capacity (let go after the drain
     wait only on a node that shows a drain)."""
     namespace, name = owner.namespace, owner.name
-    meta = pod["metadata"]
-    records = parse_in_flight(body["metadata"].get("annotations"))
+    meta = Body(pod)
+    records = parse_in_flight(Body(body).annotations)
     spare = rem.spare_gpus(owner, pending_claims(records, pods))
-    record = InFlight(Action.REPLACE, meta["name"], meta["uid"], NODE_DRAIN, now, now,
+    record = InFlight(Action.REPLACE, meta.name, meta.uid, NODE_DRAIN, now, now,
                       int(body["spec"].get("replicas", 1)), surge=bool(spare),
                       before=actions.pod_uids(pods) if spare else (), node=node,
                       node_since=now if leaving.drain else None)
@@ -167,12 +168,12 @@ def _protect(rem: ActionContext, pod: dict, *, owner: Owner, body: dict, pods: l
     why = leaving.why
     if spare:
         kind, reason, text = "Normal", "PodReplacing", (
-            f"{meta['name']}: its node {node} is leaving ({why}) and minAvailable="
+            f"{meta.name}: its node {node} is leaving ({why}) and minAvailable="
             f"{policy.min_available} protects it: bringing up a replacement elsewhere "
             "first; the eviction goes through once it serves")
     else:
         kind, reason, text = "Warning", "NodeDrainHeld", (
-            f"{meta['name']}: its node {node} is leaving ({why}) and minAvailable="
+            f"{meta.name}: its node {node} is leaving ({why}) and minAvailable="
             f"{policy.min_available} protects it, but "
             + ("no GPU is free elsewhere" if spare is False else
                "the free GPUs cannot be read")

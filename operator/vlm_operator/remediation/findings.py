@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vlm_operator.api.reports import Report
-from vlm_operator.k8s.pods import container_status, parse_time, ready_condition
+from vlm_operator.k8s.pods import parse_time, ready_condition
+from vlm_operator.k8s.views import Pod
 
 UNPATCHED_GRACE_S = 60.0
 LOG_DETECTION_OFF = "LogDetectionOff"
@@ -40,8 +41,8 @@ def pod_findings(pod: Mapping, *, now: float, engine_dead_at: float | None,
     current container); log_off: why its log cannot be read whatever it holds (None: it can);
     log_unread: while no line with vLLM's header was seen in the current container, what the
     log looks like (None: one was); reading_since: see unpatched_due."""
-    name = (pod.get("metadata") or {}).get("name", "")
-    cs = container_status(pod)
+    name = Pod(pod).name
+    cs = Pod(pod).container
     out = []
     last = (cs.get("lastState") or {}).get("terminated") or {}
     finished = parse_time(last.get("finishedAt"))

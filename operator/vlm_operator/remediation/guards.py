@@ -17,13 +17,17 @@ from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Report
 from vlm_operator.desired import children
 from vlm_operator.k8s.pods import is_ready
+from vlm_operator.k8s.views import Pod
 from vlm_operator.remediation.incidents import restarts_in_hour
 from vlm_operator.remediation.policy import HealthPolicy
 from vlm_operator.remediation.steps import Step
 
 
 @dataclass(frozen=True, slots=True)
-class PodView:
+class Standing:
+    """Where a pod stands for the guards and the decision: ready, going, in the Service, its
+    engine dead, an action on it in flight."""
+
     name: str
     ready: bool
     deleting: bool = False
@@ -43,35 +47,33 @@ class PodView:
         return self.serves and self.in_service
 
 
-def pod_view(pod: Mapping, engine_dead: bool = False, in_flight: bool = False) -> PodView:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return PodView(meta.get("name", ""), is_ready(pod),
-                   bool(meta.get("deletionTimestamp")),
-                   labels.get(children.IN_SERVICE_LABEL, "true") != "false", engine_dead,
-                   in_flight)
+def standing(pod: Mapping, engine_dead: bool = False, in_flight: bool = False) -> Standing:
+    meta = Pod(pod)
+    return Standing(meta.name, is_ready(pod), meta.deleting,
+                    meta.labels.get(children.IN_SERVICE_LABEL, "true") != "false", engine_dead,
+                    in_flight)
 
 
-def others_ready(pods: Iterable[PodView], pod: str) -> int:
+def others_ready(pods: Iterable[Standing], pod: str) -> int:
     """Pods other than `pod` that take requests and stay: one an action in flight is about to
     remove (a Replace's sick pod, a drain) is not counted, so its replacement is not taken for
     spare capacity by another removal."""
     return sum(1 for p in pods if p.capacity and not p.in_flight and p.name != pod)
 
 
-def needs_replacement(pods: Iterable[PodView], pod: str, policy: HealthPolicy,
+def needs_replacement(pods: Iterable[Standing], pod: str, policy: HealthPolicy,
                       signature: str = "") -> bool:
     """Removing `pod` would take ready capacity below minAvailable: it serves, and too few
     others do. A pod that serves nothing can always go: not ready, its engine dead, or proven
     mute by the signal itself (a stalled engine, an API server that answers nothing)."""
-    views = list(pods)
-    target = next((p for p in views if p.name == pod), None)
+    standings = list(pods)
+    target = next((p for p in standings if p.name == pod), None)
     if target is None or not target.capacity or signature in NOT_SERVING:
         return False
-    return others_ready(views, pod) < policy.min_available
+    return others_ready(standings, pod) < policy.min_available
 
 
-def node_drain_action(pod: PodView, pods: Iterable[PodView], policy: HealthPolicy,
+def node_drain_action(pod: Standing, pods: Iterable[Standing], policy: HealthPolicy,
                       always_allow: bool) -> str | None:
     """What a pod on a leaving node needs from the operator, or None where its eviction goes
     through by itself.
@@ -83,12 +85,12 @@ def node_drain_action(pod: PodView, pods: Iterable[PodView], policy: HealthPolic
     replacement comes up elsewhere first (or it waits for capacity, for a bounded time).
     DELETE: it serves nothing and the budget would refuse its eviction: nothing is lost by
     deleting it, and the drain goes on."""
-    views = list(pods)
+    standings = list(pods)
     if pod.deleting:
         return None
-    ready = sum(1 for p in views if p.ready and not p.deleting)
+    ready = sum(1 for p in standings if p.ready and not p.deleting)
     if pod.serves and pod.in_service:
-        return Action.REPLACE if needs_replacement(views, pod.name, policy) else None
+        return Action.REPLACE if needs_replacement(standings, pod.name, policy) else None
     if pod.ready:  # out of the Service: another action is draining it
         return None
     return Step.DELETE if not always_allow and ready < policy.min_available else None

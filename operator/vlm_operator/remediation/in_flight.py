@@ -17,8 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
-from vlm_operator.k8s.pods import is_active, is_running, unschedulable_s
+from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import actions, drains, events, guards, steps
 from vlm_operator.remediation.context import ActionContext
 from vlm_operator.remediation.incidents import (
@@ -108,11 +108,11 @@ class InFlightDriver:
         body = self.kube.get_vlmd(namespace, name)
         if body is None:
             return False
-        read = read_in_flight(body["metadata"].get("annotations"))
+        read = read_in_flight(Body(body).annotations)
         self.tell_dropped(namespace, name, read, body)
         if not read.records:
             return False
-        owned = {p["metadata"]["uid"] for p in self.kube.list_pods(
+        owned = {Pod(p).uid for p in self.kube.list_pods(
             namespace, children.get_selector(name))}
         gone = [uid for uid in read.records if uid not in owned]
         left = len(gone) > GONE_PER_PASS
@@ -153,10 +153,10 @@ class InFlightDriver:
         record = parse_in_flight((body or {}).get("metadata", {}).get("annotations")).get(uid)
         if body is None or record is None:
             return True
-        owner.in_flight = parse_in_flight(body["metadata"].get("annotations"))
+        owner.in_flight = parse_in_flight(Body(body).annotations)
         pods = self.kube.list_pods(namespace, children.get_selector(name))
-        pod = next((p for p in pods if p["metadata"]["uid"] == uid), None)
-        present = pod is not None and not pod["metadata"].get("deletionTimestamp")
+        pod = next((p for p in pods if Pod(p).uid == uid), None)
+        present = pod is not None and not Pod(pod).deleting
         now = time.time()
         if not present and not steps.settled(pod, now):
             return False  # terminating: the count drops once the ReplicaSet saw it go
@@ -180,9 +180,9 @@ class InFlightDriver:
         Read afresh at each step, so a fresh operator process waits the same way."""
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         if deployment is not None and not children.is_controlled_by(
-                deployment, body["metadata"].get("uid")):
+                deployment, Body(body).uid):
             deployment = None  # another app's: no ReplicaSet of it holds our pods
-        active = sum(1 for p in pods if is_active(p))
+        active = sum(1 for p in pods if Pod(p).active)
         if steps.counted_out(deployment, active):
             self._uncounted.pop(record.uid, None)
             return True
@@ -209,19 +209,19 @@ class InFlightDriver:
         if record.surge and found != record.replacement:  # seen (or lost): on the record
             record = dataclasses.replace(record, replacement=found)
             rem.write_in_flight(namespace, name, owner, add=record)
-        views = {p["metadata"]["uid"]: guards.pod_view(
-            p, rem.engine_dead(p["metadata"]["uid"]), p["metadata"]["uid"] in owner.in_flight)
+        standings = {Pod(p).uid: guards.standing(
+            p, rem.engine_dead(Pod(p).uid), Pod(p).uid in owner.in_flight)
             for p in pods}
-        serves = present and views[record.uid].serves
-        others = guards.others_ready(views.values(), record.pod)
-        replacement = next((p for p in pods if p["metadata"]["uid"] == found), None)
+        serves = present and standings[record.uid].serves
+        others = guards.others_ready(standings.values(), record.pod)
+        replacement = next((p for p in pods if Pod(p).uid == found), None)
         running = None
         if record.drain_since is not None and present:
             actions.take_out_of_service(self.kube, namespace, pod)
             if serves and now - record.drain_since >= steps.DRAIN_MIN_S:
-                running = reader.requests_in_flight(reader.pod_ip(pod))
+                running = reader.requests_in_flight(Pod(pod).pod_ip)
         leaving = drains.leaving_nodes(rem)
-        node = (pod.get("spec") or {}).get("nodeName") if pod else None
+        node = Pod(pod).node_name if pod else None
         spare = None
         if not record.surge and record.drain_since is None and serves:
             spare = rem.spare_gpus(owner, pending_claims(owner.in_flight, pods))
@@ -229,8 +229,8 @@ class InFlightDriver:
         step = steps.replace_step(
             record=record, present=present, serves=serves, running=running,
             others_ready=others, min_available=policy.min_available,
-            replacement_ready=bool(found) and views[found].serves,
-            unschedulable_s=unschedulable_s(replacement, now) if replacement else 0.0,
+            replacement_ready=bool(found) and standings[found].serves,
+            unschedulable_s=Pod(replacement).unschedulable_s(now) if replacement else 0.0,
             replicas=int(body["spec"].get("replicas", 1)),
             leaving=None if leaving is None else node in leaving,
             draining=leaving is not None and node in leaving and leaving[node].drain,
@@ -275,7 +275,7 @@ class InFlightDriver:
         else:  # no surge again: the pod waits for its node drain's limit
             rem.write_in_flight(namespace, name, owner, add=dataclasses.replace(
                 record, surge=False, before=(), replacement="", tried=True))
-        self._tell_step_end(at, record, step, bool(found) and views[found].serves)
+        self._tell_step_end(at, record, step, bool(found) and standings[found].serves)
         rem.reconcile(namespace, name)  # the Deployment drops its extra replica
         return done
 
@@ -323,10 +323,10 @@ class InFlightDriver:
         namespace, name, body, present = at.namespace, at.name, at.body, at.present
         if present:
             actions.take_out_of_service(self.kube, namespace, pod)
-        serving = present and is_running(pod)
+        serving = present and Pod(pod).running
         running = None
         if serving and now - record.since >= steps.DRAIN_MIN_S:
-            running = reader.requests_in_flight(reader.pod_ip(pod))
+            running = reader.requests_in_flight(Pod(pod).pod_ip)
         step = steps.scale_down_step(present=present, serving=serving, running=running,
                                      since=record.since, now=now,
                                      timeout_s=rem.drain_timeout_s)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from vlm_operator.api import annotation_json
 from vlm_operator.api.actions import Action, recorded
 from vlm_operator.api.names import HISTORY, IN_FLIGHT  # noqa: F401 (incidents.HISTORY)
+from vlm_operator.k8s.views import Pod
 
 HOUR = 3600.0
 MAX_HISTORY = 1000  # remediation times kept on a VLMDeployment (the budget counts far fewer)
@@ -271,7 +272,7 @@ def surge(annotations: Mapping[str, str] | None) -> int:
 
 
 def _created(pod: Mapping) -> str:
-    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
+    return Pod(pod).metadata.get("creationTimestamp") or ""
 
 
 def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> dict[str, str]:
@@ -280,7 +281,7 @@ def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> di
     its surge began and not claimed by another (older Replaces choose first). A claimed pod that
     is gone (a scale-down by another writer, an eviction) frees its Replace to claim the next
     new pod the ReplicaSet makes."""
-    live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+    live = {Pod(p).uid: p for p in pods if not Pod(p).deleting}
     surging = sorted(((uid, r) for uid, r in records.items()
                       if r.action == Action.REPLACE and r.surge),
                      key=lambda item: (item[1].since, item[0]))
@@ -290,9 +291,9 @@ def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> di
         if uid in out:
             continue
         new = sorted((p for u, p in live.items() if u not in record.before and u not in taken),
-                     key=lambda p: (_created(p), p["metadata"].get("name", "")))
+                     key=lambda p: (_created(p), Pod(p).name))
         if new:
-            out[uid] = new[0]["metadata"]["uid"]
+            out[uid] = Pod(new[0]).uid
             taken.add(out[uid])
     return out
 
@@ -300,8 +301,8 @@ def replacements(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> di
 def pending_claims(records: Mapping[str, InFlight], pods: Iterable[Mapping]) -> int:
     """GPUs the VLMDeployment is about to take that no node shows as used yet: its pods not
     bound to a node, and the surges whose replacement pod the ReplicaSet has not made yet."""
-    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    unbound = sum(1 for p in pods if not (p.get("spec") or {}).get("nodeName"))
+    pods = [p for p in pods if not Pod(p).deleting]
+    unbound = sum(1 for p in pods if not Pod(p).node_name)
     found = replacements(records, pods)
     waiting = sum(1 for uid, r in records.items()
                   if r.action == Action.REPLACE and r.surge and uid not in found)

@@ -45,7 +45,8 @@ from dataclasses import asdict, dataclass, replace
 from vlm_operator.api import annotation_json
 from vlm_operator.api.names import ACTED_UNTIL, FENCE
 from vlm_operator.desired import children
-from vlm_operator.k8s.pods import container_status, is_ready, parse_time, restart_count
+from vlm_operator.k8s.pods import is_ready, parse_time
+from vlm_operator.k8s.views import Pod
 from vlm_operator.remediation.suspect import Suspect
 
 # vLLM exits about 5 s after its engine dies; the kubelet sees the exit at once (PLEG, ~1 s)
@@ -136,7 +137,7 @@ def parse_fence(annotations: Mapping[str, str] | None) -> Fence | None:
 
 def recovered_until(pod: Mapping) -> float | None:
     """Detections up to this time on the pod were acted on by an in-place recovery."""
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ACTED_UNTIL)
+    raw = Pod(pod).annotations.get(ACTED_UNTIL)
     try:
         value = float(raw) if raw is not None else None
     except ValueError:
@@ -156,8 +157,8 @@ def kubelet_backoff_s(pod: Mapping, now: float,
     back-off it will apply when the running container ends now, or what is left of the one it
     applies to the container that ended (waiting in CrashLoopBackOff). See the module's
     docstring for what the status shows and what it cannot."""
-    status = container_status(pod)
-    restarts = restart_count(pod)
+    status = Pod(pod).container
+    restarts = Pod(pod).restart_count
     state = status.get("state") or {}
     previous = (status.get("lastState") or {}).get("terminated") or {}
     if "running" in state:  # it ends now; the one before it is lastState
@@ -186,7 +187,7 @@ def container_since(pod: Mapping) -> float | None:
     """When the newest vllm container that ran started: the running (or ended) one's start, or
     the last one's while the kubelet waits to restart it; None before any started. A line logged
     before this came from a container the kubelet has restarted in place since."""
-    status = container_status(pod)
+    status = Pod(pod).container
     state = status.get("state") or {}
     current = state.get("running") or state.get("terminated") or \
         (status.get("lastState") or {}).get("terminated") or {}
@@ -252,16 +253,16 @@ def next_step(fence: Fence, pod: Mapping | None, now: float, *, plugin_loaded: b
               kubelet: KubeletBackoff = KUBELET_BACKOFF) -> tuple[Next, Rung | None, str]:
     """The fenced pod's next step: (what, the rung it climbs to, why). suspect: why its node is
     suspect (None: it is not): a new pod, even after an in-place restart (the same GPU)."""
-    if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if pod is None or Pod(pod).deleting:
         return Next.FORGET, None, "the pod is going away"
     if fence.rung == Rung.DELETE:  # the deletion did not take (an API error): again
         return Next.DELETE, Rung.DELETE, "the pod is still there after its deletion"
     if suspect is not None:
         return Next.DELETE, Rung.DELETE, suspect.why
-    if restart_count(pod) > fence.restarts:
+    if Pod(pod).restart_count > fence.restarts:
         if is_ready(pod):
             return Next.UNFENCE, None, "it restarted in place and is Ready again"
-        started = parse_time(((container_status(pod).get("state") or {}).get("running")
+        started = parse_time(((Pod(pod).container.get("state") or {}).get("running")
                               or {}).get("startedAt"))
         if started is not None and now - started > READY_WAIT_S:
             return Next.DELETE, Rung.DELETE, (f"it restarted in place but is not Ready after "

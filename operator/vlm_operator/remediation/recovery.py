@@ -19,7 +19,7 @@ from vlm_operator.api.actions import Action
 from vlm_operator.api.health_signals import NOT_SERVING
 from vlm_operator.api.reports import Event
 from vlm_operator.k8s.kube import Kube
-from vlm_operator.k8s.pods import restart_count
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.metrics import REMEDIATIONS
 from vlm_operator.remediation import actions, events, guards, ladder, suspect
 from vlm_operator.remediation.decide import RemediationPlan
@@ -59,7 +59,7 @@ class Recovery:
         if incident.signature in NOT_SERVING and case.owner.policy.in_place:
             self._fence(case, plan)
             return
-        serves = guards.pod_view(pod, self.engine_dead(incident.uid)).serves and \
+        serves = guards.standing(pod, self.engine_dead(incident.uid)).serves and \
             incident.signature not in NOT_SERVING
         if not actions.restart(self.kube, namespace, pod=incident.pod, uid=incident.uid,
                                serves=serves):
@@ -81,7 +81,7 @@ class Recovery:
                                       kubelet=self.kubelet)
         fence = ladder.Fence(incident.signature, incident.last, now, rung.value,
                              ladder.deadline_for(rung, now, ladder.kubelet_backoff_s(
-                                 pod, now, self.kubelet)), restart_count(pod), plan.message)
+                                 pod, now, self.kubelet)), Pod(pod).restart_count, plan.message)
         REMEDIATIONS.labels(namespace, name, Action.RESTART).inc()
         self._take(namespace, name, pod, incident, fence, f"{plan.message}; fenced: {why}",
                    case.body, node)
@@ -95,31 +95,31 @@ class Recovery:
                 self._climb(namespace, name, pod, fence)
             except ApiException as exc:
                 log.warning("%s/%s: recovering %s: %s", namespace, name,
-                            pod["metadata"]["name"], exc.reason)
+                            Pod(pod).name, exc.reason)
 
     def _climb(self, namespace: str, name: str, pod: dict, fence: ladder.Fence) -> None:
-        meta = pod["metadata"]
+        meta = Body(pod)
         now = time.time()
-        node = (suspect.suspect(pod, self.gpu_error(meta["uid"]), now)
+        node = (suspect.suspect(pod, self.gpu_error(meta.uid), now)
                 if fence.rung != ladder.Rung.DELETE else None)  # told when the rung was taken
         step, rung, why = ladder.next_step(fence, pod, now, suspect=node,
-                                           plugin_loaded=self.plugin_loaded(meta["uid"]),
+                                           plugin_loaded=self.plugin_loaded(meta.uid),
                                            kubelet=self.kubelet)
         if step in (ladder.Next.WAIT, ladder.Next.FORGET):
             return
-        incident = Incident(uid=meta["uid"], pod=meta["name"], key="", signature=fence.signature,
+        incident = Incident(uid=meta.uid, pod=meta.name, key="", signature=fence.signature,
                             first=fence.incident, last=fence.incident, count=1)
         if step == ladder.Next.UNFENCE:
-            actions.unfence(self.kube, namespace, meta["name"], now=now,
+            actions.unfence(self.kube, namespace, meta.name, now=now,
                             recovered=suspect.recoveries_value(suspect.recoveries(
-                                meta.get("annotations"), now), now))
+                                meta.annotations, now), now))
             self._tell(namespace, name, pod, incident, UNFENCED,
-                       f"{meta['name']} recovered in place ({fence.signature}): {why}; back in "
+                       f"{meta.name} recovered in place ({fence.signature}): {why}; back in "
                        "the Service", None)
             return
         self._take(namespace, name, pod, incident,
-                   ladder.climb(fence, rung, now, restart_count(pod)),
-                   f"{fence.signature} on {meta['name']}: {why}", None, node)
+                   ladder.climb(fence, rung, now, Pod(pod).restart_count),
+                   f"{fence.signature} on {meta.name}: {why}", None, node)
 
     def _take(self, namespace: str, name: str, pod: dict, incident: Incident,
               fence: ladder.Fence, message: str, body: dict | None,

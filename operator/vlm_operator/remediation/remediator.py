@@ -22,10 +22,11 @@ from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.desired import children
-from vlm_operator.engine import reader
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.metrics import REMEDIATIONS
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import (
     actions,
     drains,
@@ -192,7 +193,7 @@ class Remediator:
                                                    or [])
         if extra != owner.extra:  # a new tuple makes followers rebuild their scanners
             owner.extra = extra
-        annotations = body["metadata"].get("annotations") or {}
+        annotations = Body(body).annotations
         owner.history = merged_history(parse_history(annotations.get(HISTORY)), owner.history,
                                        now=time.time())
         owner.in_flight = parse_in_flight(annotations)
@@ -244,7 +245,7 @@ class Remediator:
         """Gather, decide and execute for one incident; True when it acted."""
         key = (incident.uid, incident.key)
         found = owner.policy.rule_for(incident.signature)
-        pod = next((p for p in pods if p["metadata"]["uid"] == incident.uid), None)
+        pod = next((p for p in pods if Pod(p).uid == incident.uid), None)
         if found is None or pod is None:
             owner.close(key)
             return False
@@ -269,20 +270,20 @@ class Remediator:
                                             case.incident)
         _, rule = owner.policy.rule_for(incident.signature)
         policy = owner.policy
-        views = tuple(guards.pod_view(p, self.engine_dead(p["metadata"]["uid"]),
-                                      p["metadata"]["uid"] in owner.in_flight) for p in pods)
+        standings = tuple(guards.standing(p, self.engine_dead(Pod(p).uid),
+                                      Pod(p).uid in owner.in_flight) for p in pods)
         now = time.time()
         health = None
         if incident.signature == "engine_dead" and not expired(incident, now, rule.window_s):
-            health = reader.health(reader.pod_ip(pod))
+            health = reader.health(Pod(pod).pod_ip)
         spare = None
-        if guards.needs_replacement(views, incident.pod, policy, incident.signature):
+        if guards.needs_replacement(standings, incident.pod, policy, incident.signature):
             spare = self.spare_gpus(owner, pending_claims(
-                parse_in_flight(body["metadata"].get("annotations")), pods))
+                parse_in_flight(Body(body).annotations), pods))
         return PlanRequest(
-            incident=incident, rule=rule, now=now, pods=views, history=tuple(owner.history),
+            incident=incident, rule=rule, now=now, pods=standings, history=tuple(owner.history),
             policy=policy, acted_until=max(
-                (t for t in (acted_until(incident.uid, body["metadata"].get("annotations")),
+                (t for t in (acted_until(incident.uid, Body(body).annotations),
                              ladder.recovered_until(pod)) if t is not None), default=None),
             container_since=ladder.container_since(pod),
             backoff_until=owner.backoff.get(incident.uid, (0, None))[1],
@@ -350,16 +351,16 @@ class Remediator:
         standby that became active, a fresh process: nothing else may wake them), take each
         fenced pod's next step, and look for its pods on nodes that are leaving. body: the
         round's snapshot; pods: its pods (from the watch-fed cache)."""
-        meta = body["metadata"]
-        read = read_in_flight(meta.get("annotations"))
-        self.in_flight.tell_dropped(meta["namespace"], meta["name"], read, body)
+        meta = Body(body)
+        read = read_in_flight(meta.annotations)
+        self.in_flight.tell_dropped(meta.namespace, meta.name, read, body)
         if read.records:
-            self.in_flight.drive(meta["namespace"], meta["name"])
+            self.in_flight.drive(meta.namespace, meta.name)
         fenced = [(p, f) for p in pods if (f := ladder.parse_fence(
-            p["metadata"].get("annotations"))) is not None]
+            Pod(p).annotations)) is not None]
         if fenced:
-            with self.owner(meta["namespace"], meta["name"]).lock:
-                self.recovery.round(meta["namespace"], meta["name"], fenced)
+            with self.owner(meta.namespace, meta.name).lock:
+                self.recovery.round(meta.namespace, meta.name, fenced)
         drains.on_round(self, body, pods)
 
     # -- reporting

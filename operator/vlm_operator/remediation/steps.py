@@ -8,7 +8,7 @@ import enum
 from collections.abc import Mapping
 
 from vlm_operator.desired import children, stopping
-from vlm_operator.k8s.pods import parse_time
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.remediation.incidents import NODE_DRAIN, InFlight
 
 DRAIN_MIN_S = float(stopping.ENDPOINTS_LAG_S)  # for the endpoints to drop a pod taken out
@@ -66,7 +66,7 @@ def settled(pod: Mapping | None, now: float, settle_s: float = SETTLE_S) -> bool
     pods it removes the one Ready the shortest: the replacement)."""
     if pod is None:
         return True
-    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    deadline = Pod(pod).deleted_at
     return deadline is not None and now >= deadline + settle_s
 
 
@@ -88,7 +88,7 @@ def counted_out(deployment: Mapping | None, active: int) -> bool:
     if deployment is None:
         return True
     status = deployment.get("status") or {}
-    generation = (deployment.get("metadata") or {}).get("generation", 0)
+    generation = Body(deployment).generation or 0
     if status.get("observedGeneration", 0) < generation:
         return False
     return int(status.get("replicas") or 0) <= active

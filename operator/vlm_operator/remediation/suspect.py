@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vlm_operator.api.names import RECOVERED_IN_PLACE
+from vlm_operator.k8s.views import Pod
 
 SUSPECT_WINDOW_S = 3600.0  # how long a GPU error or an in-place recovery counts against a node
 MAX_IN_PLACE = 2  # in-place recoveries of one pod in that window before the next is a new pod
@@ -68,14 +69,14 @@ def recoveries_value(previous: tuple[float, ...], now: float) -> str:
 def suspect(pod: Mapping, gpu_error: GpuFault | None, now: float) -> Suspect | None:
     """Why the pod's node is suspect, or None. gpu_error: the last GPU fault its log showed
     (None: none seen)."""
-    meta = pod.get("metadata") or {}
-    node = (pod.get("spec") or {}).get("nodeName") or "(none yet)"
+    meta = Pod(pod)
+    node = meta.node_name or "(none yet)"
     if gpu_error is not None and now - gpu_error.at <= SUSPECT_WINDOW_S:
         return Suspect(node, f"GPU error on node {node}: {gpu_error.text}; a new pod, not an "
                              "in-place restart on the same GPU")
-    done = recoveries(meta.get("annotations"), now)
+    done = recoveries(meta.annotations, now)
     if len(done) >= MAX_IN_PLACE:
-        return Suspect(node, f"{meta.get('name', '')} already recovered in place {len(done)} "
+        return Suspect(node, f"{meta.name} already recovered in place {len(done)} "
                              f"times on node {node} in the last {SUSPECT_WINDOW_S / 60:.0f} "
                              "min; a new pod, not another in-place restart there")
     return None

@@ -7,7 +7,7 @@ events keep the set of objects here current (handlers.py); `may_act` keeps a rep
 peering paused from acting (its events stop too, so what it holds here goes stale). A round
 never waits for one slow VLMDeployment: one whose last round has not finished is skipped
 until it has. Rounds run on TICK_WORKERS workers shared fairly between namespaces
-(engine/fairpool.py), so one tenant's slow rounds take its share of them and no more; a
+(podreads/fairpool.py), so one tenant's slow rounds take its share of them and no more; a
 VLMDeployment whose round has nothing to do (`due`: no pods, runtime/rounds.py) takes none.
 
 Each loop beats the watchdog when it completes a round: "rounds" and "resync" for the loops,
@@ -30,9 +30,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from kubernetes.client.exceptions import ApiException
 
-from vlm_operator.engine.fairpool import FairPool
 from vlm_operator.k8s.informer import Stale
+from vlm_operator.k8s.views import Body
 from vlm_operator.metrics import RECONCILES, ROUNDS
+from vlm_operator.podreads.fairpool import FairPool
 from vlm_operator.runtime.watchdog import ROUND_PREFIX, Watchdog, round_loop
 
 ROUND_SECONDS = 1.0
@@ -82,8 +83,8 @@ class Periodic:
 
     # -- from kopf's watch events
     def track(self, body: dict) -> None:
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
+        meta = Body(body)
+        key = (meta.namespace, meta.name)
         with self._lock:
             new = key not in self._bodies
             self._bodies[key] = json.loads(json.dumps(body))
@@ -128,17 +129,17 @@ class Periodic:
             bodies = list(self._bodies.values())
         mine = []
         for body in bodies:
-            meta = body["metadata"]
-            if self._may_act(meta["namespace"]):
+            meta = Body(body)
+            if self._may_act(meta.namespace):
                 mine.append(body)
             else:  # the active replica runs its rounds: nothing is owed here
-                self.watchdog.beat(round_loop(meta["namespace"], meta["name"]), self.round_s)
+                self.watchdog.beat(round_loop(meta.namespace, meta.name), self.round_s)
         return mine
 
     def _round(self) -> None:
         futures = []
         for body in self._mine():
-            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            key = Body(body).key
             if not self._is_due(body):  # nothing to do: nothing is owed either
                 self.watchdog.beat(round_loop(*key), self.round_s)
                 continue
@@ -154,7 +155,7 @@ class Periodic:
             return self._due(body)
         except Exception:  # one VLMDeployment's trouble must not stop the others' rounds
             log.exception("deciding whether %s/%s has a round failed",
-                          body["metadata"]["namespace"], body["metadata"]["name"])
+                          *Body(body).key)
             return True
 
     def _tick_logged(self, key: Key, body: dict) -> None:
@@ -202,7 +203,7 @@ class Periodic:
         for i, body in enumerate(bodies):
             if i and self._stop.wait(gap):
                 return
-            self._resync_one(body["metadata"]["namespace"], body["metadata"]["name"])
+            self._resync_one(*Body(body).key)
 
     def _resync_one(self, namespace: str, name: str) -> None:
         """One VLMDeployment's resync, isolated: whatever it raises (a resource no reconcile

@@ -1,7 +1,7 @@
 """One round per VLMDeployment every second (runtime/periodic.py, on the active replica only): its
 pods listed once (from the watch-fed cache: no request), each pod's /metrics read once
 (scrape.Scraper: in parallel, each with a deadline, on workers shared fairly between
-namespaces), and the readings handed to engine/reachability.py (reachability for status), stall
+namespaces), and the readings handed to podreads/reachability.py (reachability for status), stall
 detection and, in Builtin mode, the autoscaler; the remediator makes sure every action in flight
 has a driver and looks for node drains.
 
@@ -16,10 +16,10 @@ from vlm_operator.api.validation import SpecError, parse
 from vlm_operator.autoscaling.autoscaler import Autoscaler, metric_names
 from vlm_operator.autoscaling.recommend import scaling_policy_from_spec
 from vlm_operator.desired import children
-from vlm_operator.engine.reachability import PodReads
-from vlm_operator.engine.reader import Scraper
 from vlm_operator.k8s.caches import ClusterCache
-from vlm_operator.k8s.pods import is_running
+from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads.reachability import PodReads
+from vlm_operator.podreads.reader import Scraper
 from vlm_operator.remediation import incidents
 from vlm_operator.remediation.context import RoundTaker
 from vlm_operator.stalls.verdicts import PROGRESS_METRICS
@@ -37,13 +37,13 @@ class Rounds:
         """Whether the VLMDeployment's round has anything to do (body as for tick). No request:
         the pods come from the cache, without waiting for it (a cache that cannot say yet
         counts as pods: the round then says what is wrong)."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+        meta = Body(body)
+        namespace, name = meta.namespace, meta.name
         if self.cluster.has_pods(namespace, name) is not False:
             return True
         if self.reads.tracks(namespace, name):  # pods went: one more round clears their state
             return True
-        if incidents.parse_in_flight(meta.get("annotations")):  # an action to drive
+        if incidents.parse_in_flight(meta.annotations):  # an action to drive
             return True
         spec = body.get("spec") or {}
         if crd.autoscaling_mode(spec) != "Builtin":
@@ -61,13 +61,13 @@ class Rounds:
         except SpecError:
             return
         listed = self.cluster.list_pods(vlmd.namespace, children.get_selector(vlmd.name))
-        pods = [p for p in listed if not p["metadata"].get("deletionTimestamp")]
+        pods = [p for p in listed if not Pod(p).deleting]
         builtin = crd.autoscaling_mode(vlmd.spec) == "Builtin"
         names = {*PROGRESS_METRICS, *(metric_names(vlmd.spec) if builtin else ())}
         # every running container, ready or not: a hung API server fails its readiness probe
         # long before its liveness probe restarts it, and is still this round's business
         scrapes = self.scraper.scrape((vlmd.namespace, vlmd.name),
-                                      [p for p in pods if is_running(p)], names)
+                                      [p for p in pods if Pod(p).running], names)
         self.reads.observe(vlmd.namespace, vlmd.name, pods, scrapes)
         self.stall_watch.observe(vlmd, pods, scrapes)
         if builtin:

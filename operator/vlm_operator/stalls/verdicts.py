@@ -10,7 +10,7 @@ An API server whose event loop is blocked is the other case: its /metrics and th
 time out (reported apart, as api_unresponsive).
 
 Unreachable is not unresponsive: only a timeout on a connection the pod accepted is evidence
-(engine/podhttp.py). A connection that cannot be made (a NetworkPolicy dropping or rejecting the
+(podreads/podhttp.py). A connection that cannot be made (a NetworkPolicy dropping or rejecting the
 operator's traffic, a server not listening) says nothing about the engine; a canary that could
 not connect is unknown, and an API server is called unresponsive only when the kubelet agrees
 (its readiness probe fails too: the pod is not Ready).
@@ -26,8 +26,8 @@ from vlm_operator.api.reports import Report
 PROGRESS_METRICS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
                     "vllm:request_success_total")
 FRESH_S = 5.0  # a reading older than this says nothing about now
-ANSWERED, TIMED_OUT = "answered", "timeout"  # engine/canary.ANSWERED, podhttp.TIMEOUT
-UNAUTHORIZED = "unauthorized"  # engine/canary.UNAUTHORIZED: an API key guards /v1
+ANSWERED, TIMED_OUT = "answered", "timeout"  # podreads/canary.ANSWERED, podhttp.TIMEOUT
+UNAUTHORIZED = "unauthorized"  # podreads/canary.UNAUTHORIZED: an API key guards /v1
 OK, STALLED, UNKNOWN = "ok", "stalled", "unknown"
 UNRESPONSIVE, UNCORROBORATED = "unresponsive", "uncorroborated"
 

@@ -14,8 +14,8 @@ user "vlm-operator-canary"): it shows in vLLM's request logs and in vllm:request
 like any request, and in the operator's vlm_operator_canaries_total{result}. An idle pod gets
 one per stallSeconds - canaryTimeoutSeconds; a pod whose counters move gets none.
 
-Only timeouts on connections the pod accepted are evidence (engine/podhttp.py): a /metrics read that
-could not connect starts no check, and api_unresponsive is acted on only while the kubelet
+Only timeouts on connections the pod accepted are evidence (podreads/podhttp.py): a /metrics read
+that could not connect starts no check, and api_unresponsive is acted on only while the kubelet
 agrees (the pod is not Ready); until then it is logged once and left alone.
 """
 
@@ -29,11 +29,11 @@ from typing import Protocol
 
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import VLMDeployment
-from vlm_operator.engine import canary, reader
-from vlm_operator.engine.fairpool import FairPool
-from vlm_operator.engine.podhttp import TIMEOUT
-from vlm_operator.k8s.pods import not_ready, ready, restart_count
+from vlm_operator.k8s.views import Pod
 from vlm_operator.metrics import CANARIES, DETECTIONS
+from vlm_operator.podreads import canary, reader
+from vlm_operator.podreads.fairpool import FairPool
+from vlm_operator.podreads.podhttp import TIMEOUT
 from vlm_operator.remediation.context import Reporter
 from vlm_operator.stalls import verdicts
 
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 API_HEALTH_TIMEOUT_S = 5.0  # as the generated liveness probe's timeout
 CHECK_WORKERS = 16  # canaries and /health checks running at once, shared fairly between
-# namespaces (engine/fairpool.py): one tenant's many slow pods do not hold back another's canaries
+# namespaces (podreads/fairpool.py): one tenant's many slow pods do not hold back another's canaries
 
 
 class LogSource(Protocol):
@@ -136,16 +136,16 @@ class StallWatch:
             before = self._progress.get(key, {})
             after = {}
             for pod in pods:
-                uid = pod["metadata"]["uid"]
-                reading = scrapes.get(pod["metadata"]["name"])
+                uid = Pod(pod).uid
+                reading = scrapes.get(Pod(pod).name)
                 if reading is None:  # not running: a new container starts afresh
                     continue
                 progress = verdicts.observe(before.get(uid), reading.values, now)
                 if reading.values is not None:
                     progress = verdicts.after_health(progress, False, None)
-                beats, line_at = self.heartbeats.of(uid, restart_count(pod))
+                beats, line_at = self.heartbeats.of(uid, Pod(pod).restart_count)
                 verdict = None
-                if watching and ready(pod):
+                if watching and Pod(pod).ready:
                     verdict, why = verdicts.by_heartbeat(beats, line_at, now,
                                                        stalled["stallSeconds"],
                                                        stalled["minTokensPerSecond"])
@@ -155,15 +155,15 @@ class StallWatch:
                         progress = verdicts.told(progress, now)
                         stalls_found.append((pod, why))
                 after[uid] = progress
-                detectors[pod["metadata"]["name"]] = verdicts.detector(bool(beats), progress)
+                detectors[Pod(pod).name] = verdicts.detector(bool(beats), progress)
                 if reading.error == TIMEOUT and unresponsive["action"] != "Ignore":
                     due.append((uid, self._check_api, pod, unresponsive["timeouts"]))
                 elif verdict == verdicts.UNKNOWN and verdicts.canary_due(
                         progress, now, stalled["stallSeconds"], stalled["canaryTimeoutSeconds"]):
                     due.append((uid, self._canary, pod, stalled["canaryTimeoutSeconds"]))
             self._progress[key] = after
-            self._pods[key] = {p["metadata"]["uid"]: p for p in pods
-                               if p["metadata"]["uid"] in after}
+            self._pods[key] = {Pod(p).uid: p for p in pods
+                               if Pod(p).uid in after}
             answered = {uid for uid in after if after[uid].read_at == now}
             self._uncorroborated[key] = self._uncorroborated.get(key, set()) & (
                 set(after) - answered)
@@ -175,7 +175,7 @@ class StallWatch:
             self._publish(key)
         for pod, why in stalls_found:
             log.warning("%s/%s: %s stalled: %s", vlmd.namespace, vlmd.name,
-                        pod["metadata"]["name"], why)
+                        Pod(pod).name, why)
             self._report(vlmd, pod, "engine_stalled", now, why)
         for uid, check, pod, arg in due:
             self._start(uid, check, vlmd, pod, arg)
@@ -210,10 +210,10 @@ class StallWatch:
         self._pool.submit((vlmd.namespace, vlmd.name), run).add_done_callback(done)
 
     def _canary(self, vlmd: VLMDeployment, pod: dict, timeout_s: float) -> None:
-        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        uid, name = Pod(pod).uid, Pod(pod).name
         request_id = canary.new_id()
         sent = time.time()
-        result = canary.send(reader.pod_ip(pod), timeout_s, request_id)
+        result = canary.send(Pod(pod).pod_ip, timeout_s, request_id)
         CANARIES.labels(vlmd.namespace, vlmd.name, result).inc()
         now = time.time()
         judged = self._store(vlmd, uid, lambda p: verdicts.after_canary(p, result, sent, now))
@@ -247,8 +247,8 @@ class StallWatch:
         """The canary was refused and the pod logs no heartbeat: say so (the StallDetection
         condition, an Event) instead of going silently blind. Once per container: a refused
         canary is never sent to it again."""
-        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
-        beats, _ = self.heartbeats.of(uid, restart_count(pod))
+        uid, name = Pod(pod).uid, Pod(pod).name
+        beats, _ = self.heartbeats.of(uid, Pod(pod).restart_count)
         how, why = verdicts.detector(bool(beats), progress)
         with self._lock:
             detectors = self._detectors.get((vlmd.namespace, vlmd.name))
@@ -265,8 +265,8 @@ class StallWatch:
     def _check_api(self, vlmd: VLMDeployment, pod: dict, needed: int) -> None:
         """/metrics timed out this round on a connection the pod accepted: does /health answer
         within the probe's timeout, and does the kubelet see it too?"""
-        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
-        answer = reader.health(reader.pod_ip(pod), API_HEALTH_TIMEOUT_S)
+        uid, name = Pod(pod).uid, Pod(pod).name
+        answer = reader.health(Pod(pod).pod_ip, API_HEALTH_TIMEOUT_S)
         judged = self._store(vlmd, uid,
                              lambda p: (verdicts.after_health(p, True, answer), None))
         if judged is None:
@@ -274,7 +274,7 @@ class StallWatch:
         progress = judged[0]
         with self._lock:  # the pod as the latest round saw it
             pod = self._pods.get((vlmd.namespace, vlmd.name), {}).get(uid, pod)
-        verdict = verdicts.api_verdict(progress, needed, not_ready(pod))
+        verdict = verdicts.api_verdict(progress, needed, Pod(pod).not_ready)
         detail = (f"/metrics and /health both timed out in {progress.timeouts} checks in a row "
                   f"(/health waited {API_HEALTH_TIMEOUT_S:g} s, on connections the pod "
                   "accepted)")
@@ -298,6 +298,6 @@ class StallWatch:
     def _report(self, vlmd: VLMDeployment, pod: dict, signature: str, t: float,
                 detail: str) -> None:
         DETECTIONS.labels(vlmd.namespace, vlmd.name, signature).inc()
-        self.remediator.report(vlmd.namespace, vlmd.name, uid=pod["metadata"]["uid"],
-                               pod=pod["metadata"]["name"], signature=signature, t=t,
+        self.remediator.report(vlmd.namespace, vlmd.name, uid=Pod(pod).uid,
+                               pod=Pod(pod).name, signature=signature, t=t,
                                count=lambda key, window_s: 1, detail=detail)

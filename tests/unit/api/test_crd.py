@@ -6,7 +6,8 @@ import sys
 
 import yaml
 
-from vlm_operator.api import crd
+from vlm_operator.api import crd, health_signals
+from vlm_operator.api.actions import POLICY
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 GENERATED = ROOT / "manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
@@ -55,9 +56,9 @@ def test_bounds_and_enums():
     assert spec["replicas"]["minimum"] == 0
     assert spec["gpusPerReplica"]["minimum"] == 1
     health = spec["health"]["properties"]
-    for signature in ("tokenizerRetry", "engineDead"):
-        assert health[signature]["properties"]["action"]["enum"] == [
-            "Restart", "ScaleDown", "Ignore"]
+    for signature in health_signals.FIELDS:  # every action field takes what POLICY holds
+        assert health[signature]["properties"]["action"]["enum"] == [a.value for a in POLICY]
+    assert "Restart" in health["engineDead"]["properties"]["action"]["enum"]
     assert spec["autoscaling"]["properties"]["mode"]["enum"] == ["Builtin", "HPA", "KEDA"]
     assert crd.get_schema()["properties"]["spec"]["required"] == ["model"]
 

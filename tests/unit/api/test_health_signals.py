@@ -42,7 +42,7 @@ def test_each_log_signal_is_matched_by_a_catalogue_signature_that_acts_and_no_ot
     catalogue = {s.name: s for s in log_signatures.SIGNATURES}
     from_log = [sig for s in health_signals.SIGNALS if s.source == health_signals.LOG
                 for sig in s.signatures]
-    assert all(catalogue[name].action in ("restart", "remediate") for name in from_log)
+    assert all(catalogue[name].class_ in ("restart", "remediate") for name in from_log)
     assert set(health_signals.NOT_FROM_LOG).isdisjoint(catalogue)
-    acting = {n for n, s in catalogue.items() if s.action in ("restart", "remediate")}
+    acting = {n for n, s in catalogue.items() if s.class_ in ("restart", "remediate")}
     assert acting == set(from_log)

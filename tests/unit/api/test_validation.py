@@ -5,6 +5,7 @@ import copy
 import pytest
 
 from vlm_operator.api import crd
+from vlm_operator.api.actions import POLICY
 from vlm_operator.api.validation import SpecError, parse, validate
 from vlm_operator.api.versions import Version
 
@@ -56,7 +57,7 @@ def test_input_is_not_mutated():
     ({"rendererNumWorkers": 0}, "spec.rendererNumWorkers: 0 is less than the minimum of 1"),
     ({"rendererNumWorkers": 65}, "spec.rendererNumWorkers: 65 is greater than the maximum of 64"),
     ({"health": {"engineDead": {"action": "Reboot"}}},
-     "spec.health.engineDead.action: 'Reboot' is not one of ['Restart', 'ScaleDown', 'Ignore']"),
+     f"spec.health.engineDead.action: 'Reboot' is not one of {[a.value for a in POLICY]}"),
     ({"health": {"tokenizerRetry": {"threshold": 0}}},
      "spec.health.tokenizerRetry.threshold: 0 is less than the minimum of 1"),
     ({"autoscaling": {"mode": "VPA"}},

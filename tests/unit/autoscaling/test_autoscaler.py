@@ -11,10 +11,10 @@ from vlm_operator.autoscaling import recommend as a
 from vlm_operator.autoscaling.autoscaler import Autoscaler
 from vlm_operator.autoscaling.budget import GpuBudget
 from vlm_operator.autoscaling.pod_states import pod_state
-from vlm_operator.engine.reader import Scrape
 from vlm_operator.k8s import gpu_plan
 from vlm_operator.k8s import nodes as gpu_budget
 from vlm_operator.k8s.pods import parse_time, rfc3339
+from vlm_operator.podreads.reader import Scrape
 from vlm_operator.remediation import incidents, ladder
 
 

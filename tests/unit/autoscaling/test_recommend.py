@@ -18,7 +18,7 @@ POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=8, target=5, scale_down_de
 
 
 def pods(*waiting, state=a.READY, kv=0.0, ipr=0.0):
-    return [a.PodSample(f"p{i}", state=state, metric=w, kv_cache=kv, images_per_request=ipr,
+    return [a.PodSample(f"p{i}", state=state, metric=w, usage=(kv,), images_per_request=ipr,
                         busy=w) for i, w in enumerate(waiting)]
 
 
@@ -529,7 +529,7 @@ def test_builtin_or_off_has_no_autoscaling_children(scaling):
 def test_parse_pod_metrics_of_the_vllm_stand_in():
     from vlm_operator.api.crd import autoscaling_mode
     from vlm_operator.autoscaling.autoscaler import metric_names
-    from vlm_operator.engine.reader import parse_metrics as parse_pod_metrics
+    from vlm_operator.podreads.reader import parse_metrics as parse_pod_metrics
     from vlm_testbed import vllmsim
 
     text = vllmsim.render_metrics(

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from vlm_operator.api import scaling_signals
 from vlm_testbed import kubernetes_sd, prometheus
 from vlm_testbed.chart import template
 
@@ -243,7 +244,8 @@ def test_endpointslice_role_joins_the_service_and_the_pod():
     assert "__meta_kubernetes_endpointslice_port_name" not in uncovered
 
 
-@pytest.mark.parametrize("metric", ["vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"])
+@pytest.mark.parametrize("metric", ["vllm:num_requests_waiting",
+                                    *(s.metric for s in scaling_signals.SIGNALS)])
 def test_the_adapter_rule_serves_the_metric_the_hpa_asks_for(metric):
     from vlm_operator.desired.autoscaler_objects import PROMETHEUS_ADAPTER_RULE, adapter_metric_name
 

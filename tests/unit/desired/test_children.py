@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vlm_operator.api import crd
+from vlm_operator.api import crd, crd_spec, versions
 from vlm_operator.api.validation import parse
 from vlm_operator.desired import children, stopping
 
@@ -359,9 +359,10 @@ def test_the_compile_cache_lives_on_the_cache_volume_per_version_and_model():
     assert root.startswith(env_of(a)["HF_HOME"]["value"] + "/")  # survives what HF_HOME does
     b = vlmd(image="vllm/vllm-openai:v0.21.0")
     assert env_of(b)["VLLM_CACHE_ROOT"]["value"] != root  # another version: its own cache
+    default = ".".join(map(str, versions.DEFAULT_RELEASE))
     for model, key in (("/weights/../my model", "weights--..--my--model"), ("..", "model")):
-        path = env_of(vlmd(model=model))["VLLM_CACHE_ROOT"]["value"]
-        assert path == f"/models/vllm-cache/0.33.0/{key}"  # one path component, never ".."
+        path = env_of(vlmd(model=model))["VLLM_CACHE_ROOT"]["value"]  # the default image's
+        assert path == f"/models/vllm-cache/{default}/{key}"  # one path component, never ".."
 
 
 def test_a_read_write_once_cache_places_every_replica_on_its_node():
@@ -397,3 +398,19 @@ def test_every_flag_the_operator_writes_is_one_users_may_not_set():
     written = {a for a in container(obj)["args"] if a.startswith("-")}
     assert len(written) >= 9
     assert written - set(MANAGED_FLAGS) == set()
+
+
+@pytest.mark.parametrize("field", list(crd_spec.VALUE_FLAGS))
+def test_each_value_flag_goes_from_its_field_to_the_pod_and_is_refused_in_extra_args(field):
+    """A spec.vllm field declared in crd_spec.VALUE_FLAGS is a schema field, its flag with the
+    value on the pod, and a flag extraArgs may not carry: one entry makes all three."""
+    from vlm_operator.api.validation import validate
+
+    flag_, schema = crd_spec.VALUE_FLAGS[field]
+    value = schema["enum"][-1] if "enum" in schema else 7
+    assert field in crd.get_schema()["properties"]["spec"]["properties"]["vllm"]["properties"]
+    assert flag(container(vlmd(vllm={field: value}))["args"], flag_) == str(value)
+    problems, _ = validate({"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                            "metadata": {"name": "demo", "namespace": "ml"},
+                            "spec": {"model": "m", "vllm": {"extraArgs": [flag_, str(value)]}}})
+    assert any(flag_ in p and f"spec.vllm.{field}" in p for p in problems), problems

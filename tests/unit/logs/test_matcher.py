@@ -127,11 +127,11 @@ def test_wrong_file_level_or_context_does_not_match(level, file, msg):
 def test_plugin_lines_capture_version_and_pool_size():
     a = match(h_017("INFO", "plugin.py", 54, "vlm-tokenizer-pool active: vllm=0.17.1 "
                     "pool_size=8 patched=HfRenderer.__init__,call_hf_processor"))
-    assert (a.signature, a.action, a.fields["vllm_version"], a.fields["pool_size"]) == (
+    assert (a.signature, a.class_, a.fields["vllm_version"], a.fields["pool_size"]) == (
         "plugin_active", "record", "0.17.1", "8")
     i = match(h_033("WARNING", "plugin.py", 61,
                     "vlm-tokenizer-pool inactive: vllm=0.33.0 reason=HfRenderer not found"))
-    assert (i.signature, i.action, i.fields["reason"]) == (
+    assert (i.signature, i.class_, i.fields["reason"]) == (
         "plugin_inactive", "event", "HfRenderer not found")
 
 
@@ -157,7 +157,7 @@ def test_real_032_engine_death_is_one_incident():
         ("engine_dead_error", "traceback")]
     assert {d.occurrence for d in dets} == {1}
     assert [d.first for d in dets] == [True, False, False]
-    assert all(d.action == "restart" and d.severity == "critical" for d in dets)
+    assert all(d.class_ == "restart" and d.severity == "critical" for d in dets)
 
 
 def test_engine_death_far_apart_is_two_incidents():
@@ -178,7 +178,7 @@ REAL_BEAT = ("(EngineCore pid=31245) INFO 12-01 20:58:03 [heartbeat.py:162] vlm-
 
 def test_engine_heartbeat_fields_from_a_real_line_in_every_header_style():
     d = match(REAL_BEAT)
-    assert (d.signature, d.action, d.line.proc) == ("engine_heartbeat", "record", "EngineCore")
+    assert (d.signature, d.class_, d.line.proc) == ("engine_heartbeat", "record", "EngineCore")
     assert d.fields == {"every": "1", "steps": "0", "in_flight": "1", "step_s": "15.7",
                         "step_tokens": "39886", "running": "1", "waiting": "0"}
     for style in (h_011, h_017, h_033, h_colour, h_k8s, h_relpath):
@@ -489,7 +489,7 @@ def test_extra_signature_matches_message_of_record_start_only():
     assert sig.name == "oom" and not sig.builtin
     line = h_033("ERROR", "core.py", 9, "CUDA out of memory. Tried to allocate 2 GiB")
     d = match(line, extra=[sig])
-    assert (d.signature, d.action, d.severity) == ("oom", "restart", "critical")
+    assert (d.signature, d.class_, d.severity) == ("oom", "restart", "critical")
     assert match(line.replace("core.py", "x.py"), extra=[sig]) is None
     assert match(line.replace("ERROR", "INFO"), extra=[sig]) is None
     assert match(h_033("ERROR", "core.py", 9, "x CUDA out of memory"), extra=[sig]) is None
@@ -564,7 +564,7 @@ def test_signature_table_is_well_formed():
     assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead", "gpu_error",
                      "plugin_active", "plugin_inactive", "engine_heartbeat"]
     for s in SIGNATURES:
-        assert s.patterns and s.severity and s.action
+        assert s.patterns and s.severity and s.class_
 
 
 # ---------------------------------------------------------------- a hostile tenant's own log

@@ -234,7 +234,7 @@ def test_a_labelled_pod_the_operator_did_not_create_is_never_followed_nor_writte
         ours = fake_pod("p1", owner="demo", namespace="ml", running=False)
         watch.observe(ours, False)
         follower = watch.followers.get("uid-p1")
-        assert follower is not None and follower.owner == "demo"
+        assert follower is not None and follower.vlmd_name == "demo"
         follower._line(ENGINE_DEAD)
         assert reports == ["p1"]  # ours: its engine death goes to remediation
         kube.foreign.add("uid-p1")  # its owner references edited away

@@ -1,12 +1,12 @@
 """Inputs for remediation's pure functions, shared by their tests: a policy from spec.health,
-pod views from a compact spec, incidents, actions in flight, a pod object's status, and one
+pod standings from a compact spec, incidents, actions in flight, a pod object's status, and one
 decide() call."""
 
 from __future__ import annotations
 
 from vlm_operator.api.actions import Action
 from vlm_operator.remediation.decide import PlanRequest, decide
-from vlm_operator.remediation.guards import PodView
+from vlm_operator.remediation.guards import Standing
 from vlm_operator.remediation.incidents import NODE_DRAIN, Incident, InFlight
 from vlm_operator.remediation.policy import health_policy_from_spec
 
@@ -20,7 +20,7 @@ def policy(**health):
 def pods(*spec):
     """'r' ready, 'n' not ready, 'd' deleting, 'x' engine dead, 'o' out of service,
     'f' an action in flight on it."""
-    return [PodView(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
+    return [Standing(f"p{i}", ready="r" in s or "x" in s, deleting="d" in s,
                     in_service="o" not in s, engine_dead="x" in s, in_flight="f" in s)
             for i, s in enumerate(spec)]
 
@@ -41,14 +41,14 @@ def drain_record(**kw):
                     **{"surge": False, "node": "n1", "node_since": NOW, **kw})
 
 
-def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", views=None, history=(),
+def run(pol=None, signature="tokenizer_retry", count=5, pod="p0", standings=None, history=(),
         last=NOW, **kw):
     """decide() on one incident of `signature` with `count` detections, three ready pods by
     default."""
     pol = pol or policy()
     _, rule = pol.rule_for(signature)
     return decide(PlanRequest(incident=incident(pod, signature, count, last), rule=rule,
-                              now=NOW, pods=tuple(views if views is not None
+                              now=NOW, pods=tuple(standings if standings is not None
                                                   else pods("r", "r", "r")),
                               history=tuple(history), policy=pol, **kw))
 

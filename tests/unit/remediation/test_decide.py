@@ -11,7 +11,7 @@ from vlm_operator.remediation.decide import (
     remediating_report,
 )
 from vlm_operator.remediation.guards import (
-    PodView,
+    Standing,
 )
 
 from .builders import NOW, drain_record, incident, pods, policy, record, run
@@ -24,7 +24,7 @@ def test_threshold(count, threshold, reason):
     assert run(pol, count=count).reason == reason
 
 
-@pytest.mark.parametrize("kw,views,history,reason", [
+@pytest.mark.parametrize("kw,standings,history,reason", [
     ({}, pods("r", "r"), (), "act"),
     ({"acted_until": NOW}, pods("r", "r"), (), "already_acted"),
     ({"acted_until": NOW - 1}, pods("r", "r"), (), "act"),
@@ -49,8 +49,8 @@ def test_threshold(count, threshold, reason):
     ({}, pods("x"), (), "act"),  # the single replica is dead: restart it (default spec)
     ({}, pods("n"), (), "act"),
 ])
-def test_guards(kw, views, history, reason):
-    d = run(views=views, history=history, **kw)
+def test_guards(kw, standings, history, reason):
+    d = run(standings=standings, history=history, **kw)
     assert d.reason == reason
     assert d.act == (reason == "act")
     assert reason == "act" or reason in GUARDS
@@ -58,27 +58,27 @@ def test_guards(kw, views, history, reason):
 
 def test_every_replica_dead_at_once_restarts_each_with_the_default_spec():
     """The worst outage: no capacity anywhere, so minAvailable (default 1) holds nothing."""
-    views = pods("x", "x", "x")
+    standings = pods("x", "x", "x")
     acted = []
-    for p in [v.name for v in views]:
-        d = run(signature="engine_dead", count=1, pod=p, views=views)
+    for p in [v.name for v in standings]:
+        d = run(signature="engine_dead", count=1, pod=p, standings=standings)
         assert d.action == Action.RESTART, d.message
         acted.append(p)
-        views = [PodView(v.name, v.ready, v.name == p or v.deleting, engine_dead=True)
-                 for v in views]
+        standings = [Standing(v.name, v.ready, v.name == p or v.deleting, engine_dead=True)
+                 for v in standings]
     assert acted == ["p0", "p1", "p2"]
 
 
 def test_last_serving_replica_is_replaced_when_a_gpu_is_free():
-    d = run(views=pods("r"), spare_gpus=True)
+    d = run(standings=pods("r"), spare_gpus=True)
     assert d.action == Action.REPLACE and "replacement comes up first" in d.message
-    held = run(views=pods("r"), spare_gpus=False)
+    held = run(standings=pods("r"), spare_gpus=False)
     assert held.reason == "min_available" and "no GPU is free" in held.message
     assert held.holds
-    unknown = run(views=pods("r"), spare_gpus=None)
+    unknown = run(standings=pods("r"), spare_gpus=None)
     assert unknown.reason == "min_available" and "could not be read" in unknown.message
     # ScaleDown on the last serving replica is replaced too: capacity must not drop
-    assert run(policy(tokenizerRetry={"action": "ScaleDown"}), views=pods("r"),
+    assert run(policy(tokenizerRetry={"action": "ScaleDown"}), standings=pods("r"),
                spare_gpus=True).action == Action.REPLACE
 
 
@@ -104,21 +104,21 @@ def test_ignore_and_scale_down_actions():
 
 
 def test_min_available_zero_allows_the_last_pod():
-    assert run(policy(minAvailable=0), views=pods("r")).action == Action.RESTART
-    assert run(policy(minAvailable=3), views=pods("r", "r", "r")).reason == "min_available"
+    assert run(policy(minAvailable=0), standings=pods("r")).action == Action.RESTART
+    assert run(policy(minAvailable=3), standings=pods("r", "r", "r")).reason == "min_available"
 
 
 def test_storm_on_all_pods_never_goes_below_min_available():
     """Sequential decisions over a storm on every pod: each action removes capacity at once."""
     pol = policy(minAvailable=2, maxRestartsPerHour=100)
-    views = pods("r", "r", "r", "r")
+    standings = pods("r", "r", "r", "r")
     acted = []
-    for p in [v.name for v in views]:
-        d = run(pol, pod=p, views=views, spare_gpus=False)
+    for p in [v.name for v in standings]:
+        d = run(pol, pod=p, standings=standings, spare_gpus=False)
         if d.act:
             acted.append(p)
-            views = [PodView(v.name, v.ready, v.name == p or v.deleting) for v in views]
-        assert sum(v.capacity for v in views) >= 2
+            standings = [Standing(v.name, v.ready, v.name == p or v.deleting) for v in standings]
+        assert sum(v.capacity for v in standings) >= 2
     assert acted == ["p0", "p1"]
 
 
@@ -127,7 +127,7 @@ def test_remediating_report():
     assert (idle.type, idle.status, idle.reason) == ("Remediating", "False", "NoOpenIncidents")
     r = remediating_report({"u": record(Action.REPLACE)}, [])
     assert (r.status, r.reason) == ("True", "ReplacingPod") and "replacing p0" in r.message
-    held = run(views=pods("r"), spare_gpus=False)
+    held = run(standings=pods("r"), spare_gpus=False)
     r = remediating_report({}, [(incident(), held)])
     assert (r.status, r.reason) == ("True", "WaitingForCapacity")
     assert "no GPU is free" in r.message

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from vlm_operator.api.actions import Action
-from vlm_operator.engine import reader
 from vlm_operator.k8s.informer import Stale
 from vlm_operator.k8s.nodes import Leaving
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import steps
 from vlm_operator.remediation.incidents import (
     IN_FLIGHT,

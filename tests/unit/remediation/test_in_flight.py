@@ -11,7 +11,7 @@ import pytest
 
 from vlm_operator.api.actions import Action
 from vlm_operator.api.names import IN_FLIGHT
-from vlm_operator.engine import reader
+from vlm_operator.podreads import reader
 from vlm_operator.remediation.in_flight import GONE_PER_PASS
 from vlm_operator.remediation.incidents import MAX_IN_FLIGHT, in_flight_value, parse_in_flight
 from vlm_operator.remediation.remediator import Remediator

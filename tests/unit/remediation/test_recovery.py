@@ -15,8 +15,8 @@ from vlm_operator.api.names import (
     RECOVERED_IN_PLACE,
     RESTART_REQUEST,
 )
-from vlm_operator.engine import reader
 from vlm_operator.k8s.pods import rfc3339
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import ladder
 from vlm_operator.remediation.incidents import HISTORY, Incident, parse_history
 from vlm_operator.remediation.remediator import Remediator

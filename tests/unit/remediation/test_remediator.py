@@ -10,8 +10,8 @@ import pytest
 
 from vlm_operator.api.actions import Action
 from vlm_operator.desired import children, stopping
-from vlm_operator.engine import reader
 from vlm_operator.metrics import REMEDIATIONS, REMEDIATIONS_SKIPPED
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import steps
 from vlm_operator.remediation.decide import Reason
 from vlm_operator.remediation.incidents import (

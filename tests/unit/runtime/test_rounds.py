@@ -6,7 +6,7 @@ The cache and the scraper are in-memory fakes, the parts recording fakes (../fak
 import pytest
 
 from vlm_operator.api.actions import Action
-from vlm_operator.engine.reachability import PodReads
+from vlm_operator.podreads.reachability import PodReads
 from vlm_operator.remediation import incidents
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_operator.k8s.pods import not_ready
+from vlm_operator.k8s.views import Pod
 from vlm_operator.stalls.verdicts import (
     ANSWERED,
     CANARY,
@@ -136,11 +136,11 @@ def test_api_unresponsive_is_acted_on_only_when_the_kubelet_agrees():
     for _ in range(3):
         p = after_health(p, True, TIMED_OUT)
     assert api_verdict(after_health(run([values()]), True, TIMED_OUT), 3, True) is None
-    assert api_verdict(p, 3, not_ready(pod("False"))) == UNRESPONSIVE
-    assert api_verdict(p, 3, not_ready(pod("True"))) == UNCORROBORATED
-    assert api_verdict(p, 3, not_ready(pod(None))) == UNCORROBORATED  # no word yet: unknown
+    assert api_verdict(p, 3, Pod(pod("False")).not_ready) == UNRESPONSIVE
+    assert api_verdict(p, 3, Pod(pod("True")).not_ready) == UNCORROBORATED
+    assert api_verdict(p, 3, Pod(pod(None)).not_ready) == UNCORROBORATED  # no word yet: unknown
     deleting = {**pod("False"), "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}
-    assert not not_ready(deleting)
+    assert not Pod(deleting).not_ready
 
 
 # ---------------------------------------------------------------- the engine heartbeat

@@ -1,12 +1,12 @@
 """stalls/watch.StallWatch, the acting side of stall detection: a round's readings in, stalls
-reported to the remediator (a recording fake), canaries and /health checks through engine/reader
+reported to the remediator (a recording fake), canaries and /health checks through podreads/reader
 (a scripted fake). verdicts.py's rules have their own tests; these pin the glue."""
 
 import pytest
 
 from vlm_operator.api.validation import parse
-from vlm_operator.engine import canary, reader
-from vlm_operator.engine.podhttp import TIMEOUT, UNREACHABLE
+from vlm_operator.podreads import canary, reader
+from vlm_operator.podreads.podhttp import TIMEOUT, UNREACHABLE
 from vlm_operator.stalls import watch
 from vlm_operator.stalls.watch import Heartbeats, StallWatch
 

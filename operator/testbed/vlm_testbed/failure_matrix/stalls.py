@@ -23,7 +23,7 @@ API_KEY_ENV = [{"name": "VLLM_API_KEY",
 
 def prompt_tokens(ip: str) -> float | None:
     """The pod's vllm:prompt_tokens_total; None when it cannot be read (the pod is gone)."""
-    from vlm_operator.engine import reader
+    from vlm_operator.podreads import reader
 
     try:
         return reader.get_metrics(ip, ["vllm:prompt_tokens_total"], 2.0).get(

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from vlm_operator.engine.fairpool import FairPool, shares
+from vlm_operator.podreads.fairpool import FairPool, shares
 
 from ..waiting import wait_until
 

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vlm_operator.api.reports import Report
-from vlm_operator.engine import reader
-from vlm_operator.engine.podhttp import BAD_ANSWER, REDIRECT, TIMEOUT, TOO_LARGE, UNREACHABLE
-from vlm_operator.k8s.pods import container_status, ready
+from vlm_operator.k8s.views import Body, Pod
 from vlm_operator.metrics import POD_READ_ERRORS, PODS_UNREACHABLE, PODS_UNREADABLE
+from vlm_operator.podreads import reader
+from vlm_operator.podreads.podhttp import BAD_ANSWER, REDIRECT, TIMEOUT, TOO_LARGE, UNREACHABLE
 
 ENTER, LEAVE = 3, 3
 REACHABLE, READABLE = "PodsReachable", "PodsReadable"
@@ -124,20 +124,20 @@ class PodReads:
             before = self._states.get(key, {})
             after = {}
             for pod in pods:
-                meta = pod["metadata"]
-                reading = scrapes.get(meta["name"])
+                meta = Body(pod)
+                reading = scrapes.get(meta.name)
                 if reading is None or not _started(pod):
                     continue
-                prev = before.get(meta["uid"])
+                prev = before.get(meta.uid)
                 if reading.values is not None:
-                    after[meta["uid"]] = observe(prev, meta["name"], None, "")
-                elif reading.error == UNREACHABLE and not ready(pod):
-                    after[meta["uid"]] = prev or PodState(meta["name"])  # down, not cut off
+                    after[meta.uid] = observe(prev, meta.name, None, "")
+                elif reading.error == UNREACHABLE and not Pod(pod).ready:
+                    after[meta.uid] = prev or PodState(meta.name)  # down, not cut off
                 elif reading.error in KINDS:
-                    after[meta["uid"]] = observe(prev, meta["name"], reading.error,
+                    after[meta.uid] = observe(prev, meta.name, reading.error,
                                                  reading.detail)
                 else:
-                    after[meta["uid"]] = prev or PodState(meta["name"])
+                    after[meta.uid] = prev or PodState(meta.name)
             changed = _published(before) != _published(after)
             if after:
                 self._states[key] = after
@@ -170,7 +170,7 @@ class PodReads:
 def _started(pod: dict) -> bool:
     """The server's container runs and passed its startup probe (clusters that do not say so
     count a running container as started)."""
-    status = container_status(pod)
+    status = Pod(pod).container
     return "running" in (status.get("state") or {}) and status.get("started", True) is not False
 
 

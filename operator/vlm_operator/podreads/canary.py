@@ -1,5 +1,5 @@
 """The stall canary: the smallest completion a vLLM pod can be asked for (max_tokens 1, a fixed
-1-token prompt), one bounded exchange per request (engine/podhttp.py: no redirects, a byte cap,
+1-token prompt), one bounded exchange per request (podreads/podhttp.py: no redirects, a byte cap,
 one deadline for the whole canary), and what it got.
 
 Its results are podhttp's error kinds plus ANSWERED, UNAUTHORIZED and reader.HTTP_ERROR; stall
@@ -14,9 +14,9 @@ import time
 import uuid
 
 from vlm_operator.api import names
-from vlm_operator.engine import podhttp
-from vlm_operator.engine.podhttp import BAD_ANSWER, PodHTTPError
-from vlm_operator.engine.reader import HTTP_ERROR, SMALL_CAP
+from vlm_operator.podreads import podhttp
+from vlm_operator.podreads.podhttp import BAD_ANSWER, PodHTTPError
+from vlm_operator.podreads.reader import HTTP_ERROR, SMALL_CAP
 
 ANSWERED = "answered"
 UNAUTHORIZED = "unauthorized"  # HTTP 401/403: an API key guards /v1; the operator holds none

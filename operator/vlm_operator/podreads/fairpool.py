@@ -1,5 +1,5 @@
 """A thread pool whose workers are shared fairly between tenants: the scrape workers
-(engine/reader.py) and the round workers (runtime/periodic.py).
+(podreads/reader.py) and the round workers (runtime/periodic.py).
 
 A job is filed under a key (namespace, VLMDeployment name). The tenant is the namespace: it is
 the unit a cluster admin grants, quotas and isolates (RBAC, ResourceQuota, NetworkPolicy), and a

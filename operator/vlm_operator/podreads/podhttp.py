@@ -8,7 +8,7 @@ follows nothing and is bounded in bytes and time:
   make the operator send a request, from the operator's own network position, to an address it
   names (cloud metadata endpoints, cluster-internal services).
 - A byte cap per answer, status line, headers and body together (the caller's, e.g. 2 MiB for
-  /metrics: engine/reader.py says why). Reading stops at the cap and the answer is refused without
+  /metrics: podreads/reader.py says why). Reading stops at the cap and the answer is refused without
   being parsed (TOO_LARGE); a Content-Length above the cap is refused before its body is read.
   At most MAX_CHUNKS chunks of a chunked body (each costs a step of Python: a body of 1-byte
   chunks would otherwise cost seconds of CPU per read).

@@ -1,4 +1,4 @@
-"""The operator's HTTP exchanges with pods (engine/podhttp.py, through reader.py and
+"""The operator's HTTP exchanges with pods (podreads/podhttp.py, through reader.py and
 canary.py), against local servers: the vLLM stand-in in its hostile modes (redirects, a huge
 /metrics, drip-fed headers), a port nothing listens on, a listener whose queue is full (SYNs
 dropped: a connect timeout, as behind a NetworkPolicy that drops), and one that accepts and
@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from vlm_operator.api import names
-from vlm_operator.engine import canary, podhttp, reader
-from vlm_operator.engine.podhttp import (
+from vlm_operator.podreads import canary, podhttp, reader
+from vlm_operator.podreads.podhttp import (
     BAD_ANSWER,
     REDIRECT,
     TIMEOUT,

@@ -1,13 +1,13 @@
 """Reading a vLLM pod over HTTP: /metrics and /health, each one bounded exchange
-(engine/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange); the stall
-canary has a module of its own (engine/canary.py).
+(podreads/podhttp.py: no redirects, a byte cap, one deadline for the whole exchange); the stall
+canary has a module of its own (podreads/canary.py).
 
 Unknown is not zero: a read that fails says nothing about load, so callers get an error kind or
 None, never 0. Unreachable is not sick: a connection that cannot be made (UNREACHABLE) is kept
 apart from a server that accepted it and answered nothing (TIMEOUT), which is evidence.
 
 `Scraper` reads every pod of a round in parallel, on workers shared fairly between tenants
-(engine/fairpool.py), each read against its own deadline, so a round never waits for one slow pod
+(podreads/fairpool.py), each read against its own deadline, so a round never waits for one slow pod
 longer than that deadline, nor for the slow pods of another VLMDeployment; one GET per pod per
 round serves both the autoscaler and stall detection.
 
@@ -41,9 +41,10 @@ from dataclasses import dataclass
 import re2
 
 from vlm_operator.api import names
-from vlm_operator.engine import podhttp
-from vlm_operator.engine.fairpool import FairPool
-from vlm_operator.engine.podhttp import BAD_ANSWER, PodHTTPError
+from vlm_operator.k8s.views import Body, Pod
+from vlm_operator.podreads import podhttp
+from vlm_operator.podreads.fairpool import FairPool
+from vlm_operator.podreads.podhttp import BAD_ANSWER, PodHTTPError
 
 METRICS_TIMEOUT_S = 1.0
 HEALTH_TIMEOUT_S = 1.0
@@ -62,10 +63,6 @@ HTTP_ERROR = "http_error"  # an answer with a status other than the one asked fo
 BUSY = "busy"  # not read this round: its last read still runs, or its share of workers was
 # taken until the round stopped waiting; says nothing about the pod
 NO_IP = "no-ip"
-
-
-def pod_ip(pod: dict) -> str | None:
-    return (pod.get("status") or {}).get("podIP") or None
 
 
 def _exchange(ip: str, method: str, path: str, timeout_s: float, cap: int,
@@ -188,7 +185,7 @@ class Scrape:
 
 class Scraper:
     """One /metrics read per pod per round, in parallel on workers shared fairly between
-    namespaces (engine/fairpool.py), each with its own deadline."""
+    namespaces (podreads/fairpool.py), each with its own deadline."""
 
     def __init__(self, workers: int = SCRAPE_WORKERS,
                  timeout_s: float = METRICS_TIMEOUT_S) -> None:
@@ -200,30 +197,30 @@ class Scraper:
     def stop(self) -> None:
         self._pool.shutdown()
 
-    def scrape(self, owner: tuple[str, str], pods: list[dict],
+    def scrape(self, key: tuple[str, str], pods: list[dict],
                names: Collection[str]) -> dict[str, Scrape]:
         """Pod name -> its reading of the samples `names` this round, for the pods of the
-        VLMDeployment `owner` (namespace, name). A pod still busy from an earlier round, or
+        VLMDeployment `key` (namespace, name). A pod still busy from an earlier round, or
         whose read could not start within START_BY_S (its namespace's share of the workers
         in use), reads as BUSY."""
         out: dict[str, Scrape] = {}
         futures: dict[str, Future] = {}
         start_by = time.monotonic() + START_BY_S
         for pod in pods:
-            meta = pod["metadata"]
-            ip = pod_ip(pod)
+            meta = Body(pod)
+            ip = Pod(pod).pod_ip
             if not ip:
-                out[meta["name"]] = Scrape(error=NO_IP)
+                out[meta.name] = Scrape(error=NO_IP)
                 continue
             with self._lock:
-                busy = meta["uid"] in self._busy
-                self._busy.add(meta["uid"])
+                busy = meta.uid in self._busy
+                self._busy.add(meta.uid)
             if busy:
-                out[meta["name"]] = Scrape(error=BUSY, detail="its last read still runs")
+                out[meta.name] = Scrape(error=BUSY, detail="its last read still runs")
                 continue
-            future = self._pool.submit(owner, self._one, ip, names, start_by=start_by)
-            future.add_done_callback(lambda _, uid=meta["uid"]: self._done(uid))
-            futures[meta["name"]] = future
+            future = self._pool.submit(key, self._one, ip, names, start_by=start_by)
+            future.add_done_callback(lambda _, uid=meta.uid: self._done(uid))
+            futures[meta.name] = future
         wait(futures.values(), timeout=START_BY_S + self.timeout_s + 0.5)
         for name, future in futures.items():
             if future.done() and not future.cancelled():

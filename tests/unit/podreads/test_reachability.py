@@ -1,4 +1,4 @@
-"""engine/reachability.py: the rounds' /metrics reads turned into PodsReachable / PodsReadable,
+"""podreads/reachability.py: the rounds' /metrics reads turned into PodsReachable / PodsReadable,
 their Events and per-VLMDeployment metrics; a flapping read does not flip status every second."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from vlm_operator import metrics
-from vlm_operator.engine.reachability import ENTER, LEAVE, PodReads, PodState, observe, reports
-from vlm_operator.engine.reader import BUSY, Scrape
+from vlm_operator.podreads.reachability import ENTER, LEAVE, PodReads, PodState, observe, reports
+from vlm_operator.podreads.reader import BUSY, Scrape
 from vlm_operator.reconcile import status
 
 OK = Scrape(values={"vllm:generation_tokens_total": 1.0})
