@@ -105,7 +105,8 @@ class LogWatch:
         self.followers = followers
         self.may_mark = may_mark or (lambda namespace: True)
         self.mark_every_s = mark_every_s
-        self._errors = {stage: Throttled() for stage in ("detect", "findings", "mark", "owner")}
+        self._errors = {stage: Throttled()
+                        for stage in ("detect", "findings", "mark", "owner_chain")}
         self.windows = incidents.Windows()
         self._lock = threading.Lock()  # findings and the Events sent for them
         self._findings: dict[tuple[str, str], dict[str, list[pod_status.Finding]]] = {}
@@ -156,9 +157,9 @@ class LogWatch:
         try:
             return bool(self.kube.owned_pods([pod]))
         except ApiException as exc:
-            self._errors["owner"].log(log, logging.WARNING, "owners of pod %s/%s: %s %s",
-                                      Pod(pod).namespace,
-                                      Pod(pod).name, exc.status, exc.reason)
+            self._errors["owner_chain"].log(log, logging.WARNING,
+                                            "owners of pod %s/%s: %s %s", Pod(pod).namespace,
+                                            Pod(pod).name, exc.status, exc.reason)
             return None
 
     def _still_ours(self, follower: Follower) -> bool:
