@@ -52,18 +52,10 @@ VLLM_IMAGE = DEFAULT_IMAGE
 # and the failure matrix's (failure_matrix.bed.IMAGE, on real nodes as the project's image).
 VLLM_VERSIONS = (VLLM_VERSION, "v0.20.2")
 VLLM_REPOSITORY = DEFAULT_IMAGE.rsplit(":", 1)[0]
-
-
-def vllm_base(version: str) -> str:
-    return f"docker.io/vllm/vllm-openai:{version}"
-
-
-def vllm_image(version: str) -> str:
-    """The project's vLLM image of a release (images/vllm/Dockerfile on its base)."""
-    return f"{VLLM_REPOSITORY}:{version}"
 # The pod sandbox's image: /pause (vlm-pause, built with the kubelet) and nothing else.
 PAUSE_IMAGE = "ghcr.io/vlm-operator/testbed-pause:1"
 STEP_TIMEOUT_S = 900
+ROOTFS_RECIPE = 2  # bumped when _rootfs changes what it puts in the tar (a new cache key)
 
 VLLM_SHIM = """#!/usr/bin/python3
 # `vllm serve <model> [flags]` -> the vLLM stand-in with the same flags. As vLLM does, the
@@ -86,6 +78,16 @@ import sys
 from vlm_testbed.vllmsim.cli import main
 main(sys.argv[1:])
 """
+
+
+def vllm_base(version: str) -> str:
+    """The stand-in of vLLM's own image of a release (the vLLM stand-in on the python base)."""
+    return f"docker.io/vllm/vllm-openai:{version}"
+
+
+def vllm_image(version: str) -> str:
+    """The project's vLLM image of a release (images/vllm/Dockerfile on its base)."""
+    return f"{VLLM_REPOSITORY}:{version}"
 
 
 def _say(text: str) -> None:
@@ -129,7 +131,8 @@ class Buildah:
 
 def _rootfs(log: Path) -> Path:
     """Debian minbase with BASE_PACKAGES, as a tar (cached by suite and packages)."""
-    key = hashlib.sha256(f"{DEBIAN_SUITE} {BASE_PACKAGES} 2".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{DEBIAN_SUITE} {BASE_PACKAGES} {ROOTFS_RECIPE}".encode()
+                         ).hexdigest()[:12]
     out = cache_root() / "images" / f"debian-{DEBIAN_SUITE}-{key}.tar"
     if out.is_file():
         return out
