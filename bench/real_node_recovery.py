@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -33,8 +32,8 @@ from kubernetes import client
 from common import machine
 from vlm_operator.api import crd
 from vlm_operator.api.names import FENCE
-from vlm_operator.desired import children
 from vlm_testbed.controlplane import ControlPlane, build, ready_namespace
+from vlm_testbed.failure_matrix.bed import healthy, post
 from vlm_testbed.operator_process import OperatorProcess
 from vlm_testbed.realnode import LocalRegistry, RealNode, build_images
 from vlm_testbed.realnode.pods import container_status, is_ready, wait_for
@@ -46,26 +45,10 @@ FAULTS = {"exit0": {"fault": "engine_dead", "exit_code": 0, "exit_delay": 5},
 KEEP_ALIVE = {"exit0": False, "alive": True}
 
 
-def post(ip: str, body: dict) -> None:
-    req = urllib.request.Request(f"http://{ip}:{children.PORT}/sim/fault", method="POST",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5):
-        pass
-
-
-def answers(ip: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{ip}:{children.PORT}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def serving(v1, ns: str):
     for p in v1.list_namespaced_pod(ns).items:
         if is_ready(p) and FENCE not in (p.metadata.annotations or {}) \
-                and answers(p.status.pod_ip):
+                and healthy(p.status.pod_ip):
             return p
     return None
 
@@ -74,7 +57,7 @@ def trial(v1, ns: str, fault: str) -> dict:
     pod = wait_for("a serving pod", lambda: serving(v1, ns), 600, 0.5)
     restarts = container_status(pod).restart_count
     t0 = time.monotonic()
-    post(pod.status.pod_ip, FAULTS[fault])
+    post(pod.status.pod_ip, "/sim/fault", FAULTS[fault])
     fenced = None
     while True:
         p = next((q for q in v1.list_namespaced_pod(ns).items

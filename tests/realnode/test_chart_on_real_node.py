@@ -13,10 +13,8 @@ the failure matrix cover a dropped or refused operator)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 import uuid
 from typing import Any
 
@@ -24,18 +22,13 @@ from kubernetes import client
 
 from vlm_operator.api import crd
 from vlm_operator.api.names import FENCE
-from vlm_operator.desired import children
 from vlm_testbed.chart import install, uninstall
 from vlm_testbed.controlplane import ready_namespace
+from vlm_testbed.failure_matrix.bed import post
 from vlm_testbed.realnode import OPERATOR_IMAGE
-from vlm_testbed.realnode.pods import container_status, is_ready, wait_for
+from vlm_testbed.realnode.pods import container_status, events, is_ready, wait_for
 
 RELEASES = {"vlm": 100, "vlm-standby": 50}  # release -> peering.priority
-
-
-def events(v1: Any, ns: str, name: str, reason: str) -> list[str]:
-    return [e.message for e in v1.list_namespaced_event(ns).items
-            if e.reason == reason and e.involved_object.name == name]
 
 
 def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
@@ -93,12 +86,7 @@ def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
                 "conditions", [])), 60, 0.5)
 
         # the engine dies (a log line, then the process exits 5 s later)
-        fault = urllib.request.Request(
-            f"http://{pod.status.pod_ip}:{children.PORT}/sim/fault", method="POST",
-            data=json.dumps({"fault": "engine_dead", "exit_delay": 5}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(fault, timeout=5):
-            pass
+        post(pod.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})
         t1 = time.monotonic()
         wait_for("the operator's fence", lambda: FENCE in (v1.read_namespaced_pod(
             pod.metadata.name, app).metadata.annotations or {}), 60, 0.2)

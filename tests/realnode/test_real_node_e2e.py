@@ -18,7 +18,7 @@ from kubernetes import client
 from vlm_operator.api import crd
 from vlm_operator.api.names import RESTART_REQUEST, RESTART_REQUEST_DIR, RESTART_REQUEST_FILE
 from vlm_testbed.realnode import VLLM_IMAGE
-from vlm_testbed.realnode.pods import container_status, is_ready, running_id, wait_for
+from vlm_testbed.realnode.pods import container_status, events, is_ready, running_id, wait_for
 
 # Remediation off: what the kubelet does is what is tested, not the operator's recovery.
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
@@ -72,8 +72,7 @@ def test_the_kubelet_pulls_the_built_vllm_image_and_its_plugin_loads(api, ns, no
     assert pod.spec.containers[0].image == VLLM_IMAGE
     status = container_status(pod)
     assert status.image.endswith(VLLM_IMAGE.split("/", 1)[1]) and status.image_id, status
-    pulled = [e.message for e in v1.list_namespaced_event(ns).items
-              if e.reason == "Pulled" and e.involved_object.name == pod.metadata.name]
+    pulled = events(v1, ns, pod.metadata.name, "Pulled")
     assert any("Successfully pulled image" in m or "already present on machine" in m
                for m in pulled), pulled
     print("pull:", pulled)

@@ -27,6 +27,7 @@ from vlm_testbed.load import LoadClient
 from vlm_testbed.nodesim import NodeSimulator
 from vlm_testbed.operator_process import OperatorProcess
 from vlm_testbed.realnode.imagebuild import vllm_image
+from vlm_testbed.realnode.pods import is_ready
 
 IMAGE = "vllm/vllm-openai:v0.20.2"
 POLL_S = 0.2
@@ -95,11 +96,6 @@ def healthy(ip: str | None) -> bool:
             return rsp.status == 200
     except (OSError, urllib.error.HTTPError):
         return False
-
-
-def is_ready(pod: Any) -> bool:
-    return pod.metadata.deletion_timestamp is None and any(
-        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def instance(pod: Any) -> Instance:

@@ -71,6 +71,13 @@ def is_ready(pod: Any) -> bool:
         c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
+def events(core: Any, namespace: str, name: str, reason: str) -> list[str]:
+    """The messages of the Events of this reason about the object `name` (core: a
+    CoreV1Api)."""
+    return [e.message for e in core.list_namespaced_event(namespace).items
+            if e.reason == reason and e.involved_object.name == name]
+
+
 def container_status(pod: Any, name: str = "vllm") -> Any:
     for st in pod.status.container_statuses or []:
         if st.name == name:
