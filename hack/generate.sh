@@ -4,13 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
-"$py" -m vlm_operator.cli crd > manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml
-"$py" -m vlm_operator.cli crd --peering > manifests/crds/kopf.dev_peerings.yaml
-echo "generated manifests/crds/"
-
-# The Helm chart ships the same CRDs (Helm installs crds/ before templates, never deletes them).
-cp manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml manifests/crds/kopf.dev_peerings.yaml \
-  charts/vlm-operator/crds/
+# One copy of each CRD, in the chart (Helm installs crds/ before templates, never deletes them);
+# manifests/crds/ links to it for `kubectl apply -f manifests/crds/ -f manifests/`.
+"$py" -m vlm_operator.cli crd > charts/vlm-operator/crds/serving.vlm-operator.dev_vlmdeployments.yaml
+"$py" -m vlm_operator.cli crd --peering > charts/vlm-operator/crds/kopf.dev_peerings.yaml
 echo "generated charts/vlm-operator/crds/"
 
 hack/render-install.sh > manifests/install.yaml

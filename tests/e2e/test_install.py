@@ -1,4 +1,5 @@
-"""Installing the operator: `helm install` and `kubectl apply -f manifests/` on the real apiserver.
+"""Installing the operator: `helm install` and `kubectl apply -f manifests/crds/ -f manifests/`
+on the real apiserver.
 
 There is no container runtime, so the chart's Deployment is installed with 0 replicas and the
 operator runs as a local process authenticated as the chart's ServiceAccount (its token from
@@ -446,17 +447,15 @@ def _config_for(kubeconfig: pathlib.Path) -> client.Configuration:
 
 
 def test_kubectl_apply_manifests(cluster, api, tmp_path):
-    """`kubectl apply -f manifests/` (cluster-wide RBAC in namespace vlm-system)."""
+    """`kubectl apply -f manifests/crds/ -f manifests/` (the CRDs through manifests/crds/'
+    links to the chart's; cluster-wide RBAC in namespace vlm-system)."""
     kubectl = [cluster.kubectl, "--kubeconfig", cluster.kubeconfig]
     docs = [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
-    # Deleting the CRDs would delete every VLMDeployment in the session: keep them.
-    removable = tmp_path / "without-crds.yaml"
-    removable.write_text(yaml.safe_dump_all(
-        [d for d in docs if d["kind"] != "CustomResourceDefinition"]))
     watched = make_namespace(api, PREFIX)
     core = client.CoreV1Api(api)
     try:
-        run(*kubectl, "apply", "-f", ROOT / "manifests")
+        applied = run(*kubectl, "apply", "-f", ROOT / "manifests/crds", "-f", ROOT / "manifests")
+        assert "customresourcedefinition.apiextensions.k8s.io/vlmdeployments" in applied.stdout
         run(*kubectl, "-n", "vlm-system", "scale", "deployment/vlm-operator", "--replicas=0")
         who = "system:serviceaccount:vlm-system:vlm-operator"
         assert_matrix(cluster, who, allowed=[
@@ -487,8 +486,8 @@ def test_kubectl_apply_manifests(cluster, api, tmp_path):
             assert_reconciled(api, watched, name)
             delete_example(api, watched, name)
     finally:
-        run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", removable,
-            check=False)
+        # the CRDs stay: deleting them would delete every VLMDeployment in the session
+        run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", INSTALL, check=False)
         core.delete_namespace(watched)
     rbac = client.RbacAuthorizationV1Api(api)
     wait_for("cluster RBAC removed", lambda: not [

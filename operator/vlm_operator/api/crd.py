@@ -1,11 +1,11 @@
 """The VLMDeployment API: the one definition of the CRD.
 
-`vlm-operator crd`, manifests/crds/, the Helm chart's crds/ and offline validation all read
-`get_crd()`; tests fail when the generated files drift from it. The schema is written by part:
-crd_spec.py (the spec), crd_health.py (spec.health), crd_autoscaling.py (spec.autoscaling),
-crd_gateway.py (spec.gateway), crd_status.py (the status); crd_peering.py holds kopf's peering
-CRDs. The names readers use (`crd.GROUP`, `crd.autoscaling_mode`, ...) are all reachable here;
-the actions its fields accept are api/actions.py's.
+`vlm-operator crd`, the Helm chart's crds/ (linked from manifests/crds/) and offline validation
+all read `get_crd()`; tests fail when the generated files drift from it. The schema is written
+by part: crd_spec.py (the spec), crd_health.py (spec.health), crd_autoscaling.py
+(spec.autoscaling), crd_gateway.py (spec.gateway), crd_status.py (the status); crd_peering.py
+holds kopf's peering CRDs. The names readers use (`crd.GROUP`, `crd.autoscaling_mode`, ...)
+are all reachable here; the actions its fields accept are api/actions.py's.
 """
 
 from __future__ import annotations

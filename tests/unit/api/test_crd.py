@@ -10,8 +10,8 @@ from vlm_operator.api import crd, health_signals
 from vlm_operator.api.actions import POLICY
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-GENERATED = ROOT / "manifests/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
-PEERING = ROOT / "manifests/crds/kopf.dev_peerings.yaml"
+GENERATED = ROOT / "charts/vlm-operator/crds/serving.vlm-operator.dev_vlmdeployments.yaml"
+PEERING = ROOT / "charts/vlm-operator/crds/kopf.dev_peerings.yaml"
 
 
 def walk(node, path="spec"):
@@ -81,7 +81,7 @@ def test_cli_prints_the_definition():
 
 def test_generated_manifest_has_not_drifted():
     assert yaml.safe_load(GENERATED.read_text()) == crd.get_crd(), (
-        "manifests/crds is stale: run hack/generate.sh")
+        "the chart's crds/ is stale: run hack/generate.sh")
 
 
 def test_generated_peering_crds_have_not_drifted():
