@@ -123,9 +123,36 @@ def ready_pods(api, ns, name):
 
 
 def wait_ready_pods(api, ns, name, n, timeout=90):
-    """At least n ready pods of the VLMDeployment (waits)."""
-    return wait_for(f"{n} ready pods", lambda: len(r := ready_pods(api, ns, name)) >= n and r,
-                    timeout=timeout)
+    """At least n ready pods of the VLMDeployment (waits); on a timeout the error says where
+    each pod stood and what the namespace's Events said, so a miss can be traced."""
+    try:
+        return wait_for(f"{n} ready pods",
+                        lambda: len(r := ready_pods(api, ns, name)) >= n and r, timeout=timeout)
+    except AssertionError as exc:
+        try:
+            where = where_pods_stand(api, ns, name)
+        except ApiException as read:
+            where = f"(the pods could not be read: {read.status} {read.reason})"
+        raise AssertionError(f"{exc}\n{where}") from None
+
+
+def where_pods_stand(api, ns, name):
+    """The VLMDeployment's pods (node, phase, conditions, container states) and the
+    namespace's last Events, one line each."""
+    lines = []
+    for p in managed_pods(api, ns, name):
+        conds = {c.type: c.status for c in p.status.conditions or []}
+        states = [(c.name, c.restart_count, c.state.to_dict() if c.state else None)
+                  for c in p.status.container_statuses or []]
+        lines.append(f"pod {p.metadata.name} node={p.spec.node_name} phase={p.status.phase} "
+                     f"created={p.metadata.creation_timestamp} conditions={conds} "
+                     f"containers={states}")
+    lines.append(f"VLMDeployment status: {(get_cr(api, ns, name) or {}).get('status')}")
+    evs = client.CoreV1Api(api).list_namespaced_event(ns).items
+    evs.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+    lines += [f"event {e.involved_object.kind}/{e.involved_object.name} {e.reason}: "
+              f"{e.message} (x{e.count})" for e in evs[-25:]]
+    return "\n".join(lines)
 
 
 def pod_gone(api, ns, pod):
