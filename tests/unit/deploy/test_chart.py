@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from vlm_operator.api import crd
+from vlm_operator.api import crd, health_signals, log_signatures
 from vlm_operator.api.reference_docs import get_reference
 from vlm_operator.runtime.sharding import Shard
 from vlm_testbed import chart
@@ -432,6 +432,22 @@ def test_reference_doc_names_every_spec_field():
     spec = crd.get_schema()["properties"]["spec"]
     missing = [p for p in paths(spec, "spec") if p != "spec" and f"`{p}`" not in text]
     assert missing == []
+
+
+def test_reference_doc_lists_every_signal_and_signature_variant():
+    """The signals and the built-in signatures are documented from their registries: a new
+    one appears with its policy field, defaults and message."""
+    text = get_reference()
+    signals = text[text.index("## Health signals"):text.index("## Built-in log signatures")]
+    rows = {line.split(" | ")[0]: line for line in signals.splitlines() if line.startswith("| `")}
+    for sig in health_signals.SIGNALS:
+        row = rows[f"| `spec.health.{sig.field}`"]
+        assert all(f"`{name}`" in row for name in sig.signatures), row
+    catalogue = text[text.index("## Built-in log signatures"):]
+    for sig in log_signatures.SIGNATURES:
+        variants = {line.split(" | ")[4] for line in catalogue.splitlines()
+                    if line.startswith(f"| `{sig.name}` |")}
+        assert variants == {p.variant for p in sig.patterns}, sig.name
 
 
 # -- RBAC
