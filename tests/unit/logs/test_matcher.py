@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vlm_operator.api.log_signatures import (
+    CLASSES,
+    SEVERITIES,
     SIGNATURES,
     SignatureConfigError,
     compile_extra_signatures,
@@ -560,11 +563,16 @@ def test_extra_signature_duplicates_among_extras_and_count_limit():
 
 
 def test_signature_table_is_well_formed():
+    """Unique names a user's extra signature could also have been given (so a built-in one
+    always claims its name), each with patterns of unique variants, a known severity and
+    class; the engine's own lines the operator reads are in it."""
     names = [s.name for s in SIGNATURES]
-    assert names == ["tokenizer_retry", "tokenizer_borrow_error", "engine_dead", "gpu_error",
-                     "plugin_active", "plugin_inactive", "engine_heartbeat"]
+    assert len(set(names)) == len(names)
+    assert {"tokenizer_retry", "engine_dead", "plugin_active", "engine_heartbeat"} <= set(names)
     for s in SIGNATURES:
-        assert s.patterns and s.severity and s.class_
+        assert re.fullmatch(r"[a-z][a-z0-9_]{0,62}", s.name), s.name
+        assert s.patterns and s.severity in SEVERITIES and s.class_ in CLASSES
+        assert len({p.variant for p in s.patterns}) == len(s.patterns), s.name
 
 
 # ---------------------------------------------------------------- a hostile tenant's own log

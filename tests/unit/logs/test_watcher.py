@@ -2,6 +2,7 @@
 
 import time
 
+from vlm_operator.api import health_signals
 from vlm_operator.logs.followers import Followers
 from vlm_operator.logs.marks import Mark
 from vlm_operator.logs.watcher import Follower, LogWatch
@@ -154,12 +155,14 @@ def test_a_fresh_follower_rereads_the_longest_log_window_only():
     stall detection's window is not the log's, so it does not lengthen the replay."""
     watch = log_watch()
     try:
+        from_log = [s.field for s in health_signals.SIGNALS if s.source == health_signals.LOG]
+        health = {field: {"windowSeconds": 5 + 5 * i} for i, field in enumerate(from_log)}
+        longest = 5 + 5 * len(from_log)  # an extra signature's window, longer than any of them
         watch.remediator.owner("ml", "demo").policy = health_policy_from_spec({"health": {
-            "tokenizerRetry": {"windowSeconds": 30}, "engineDead": {"windowSeconds": 5},
-            "gpuError": {"windowSeconds": 20}, "engineStalled": {"stallSeconds": 600},
+            **health, "engineStalled": {"stallSeconds": 600},
             "extraSignatures": [{"name": "oom", "regex": "CUDA out of memory",
-                                 "windowSeconds": 45}]}})
-        assert watch.lookback_s("ml", "demo") == 45
+                                 "windowSeconds": longest}]}})
+        assert watch.lookback_s("ml", "demo") == longest
     finally:
         watch.stop()
 
