@@ -260,12 +260,19 @@ def node_added_by_autoscaler(seen: Observed) -> None:
 
 
 def storms_two_pods_one_gpu(seen: Observed) -> None:
+    """The first sick pod is replaced while the second is held (no GPU free). The second is
+    replaced in turn, or restarted when, by its decision, the ReplicaSet's pod for the first
+    one's deleted pod (the replicas drop only once the ReplicaSet saw it go) was already
+    ready: then the others keep minAvailable without a surge. Either way one surge at a time,
+    never below minAvailable, each incident acted on and counted once."""
     assert seen.recovered_s is not None
     assert seen.notes["most_surges_at_once"] == 1, "two surges onto one free GPU"
     held = seen.notes["held_condition"]
     assert held and "no GPU is free" in held["message"], held
-    assert (seen.events["PodReplacing"], seen.events["PodReplaced"]) == (2, 2), seen.events
-    assert not {"ReplaceFailed", "PodRestarted"} & set(seen.events)
+    replaced, restarted = seen.events["PodReplacing"], seen.events["PodRestarted"]
+    assert (replaced, restarted) in ((2, 0), (1, 1)), seen.events
+    assert seen.events["PodReplaced"] == replaced, seen.events
+    assert "ReplaceFailed" not in seen.events
     assert seen.notes["budget_entries"] == 2, "an incident counted twice in the budget"
     assert seen.lowest_ready >= 2 and seen.touched == []
 
