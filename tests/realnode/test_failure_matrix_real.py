@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from test_failure_matrix import CHECKS  # the e2e matrix's checks, row by row
 
 NODE_ROWS = ("engine-dead-exit0-1", "engine-dead-alive-1", "drain-gpu-free", "drain-no-gpu",
-             "cordon-no-drain")
+             "cordon-no-drain", "late-engine-death-line")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Following one pod's vLLM log through the apiserver: the follower thread and its streams.
 
-One thread per pod follows `pods/log?follow=true&timestamps=true`. A dropped stream is resumed
-with sinceTime, and the replayed lines of that second are dropped (lines.py: Dedupe), so nothing
+One thread per pod follows `pods/log?follow=true&timestamps=true`. A dropped or stuck stream
+(reconnect.py) is resumed with sinceTime, that second's replayed lines dropped (Dedupe), so nothing
 is counted twice or lost; the high-water mark survives container restarts, so a previous
 container's log read after the new one's never counts a line twice. When restartCount grows,
 the previous container's log is read once (its tail may not have reached us before it exited);
@@ -46,9 +46,12 @@ from vlm_operator.logs.reconnect import (
     ENDED,
     ERROR,
     QUIET,
+    READ_TIMEOUT_S,
     RETRY_MAX_S,
     RETRY_MIN_S,
     api_reason,
+    hold_to,
+    quiet_s,
     retry_wait,
 )
 from vlm_operator.logs.throttle import Throttled
@@ -64,7 +67,6 @@ from vlm_operator.remediation.suspect import GpuFault
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_S = 120.0  # a quiet stream is re-opened (cheap: resumed with sinceTime)
 CONNECT_TIMEOUT_S = 10.0
 NOT_RUNNING_RECHECK_S = 600.0  # a pod not running and without events this long is read once
 PREVIOUS_ATTEMPTS = 4  # reads of a previous container's log before it is given up
@@ -120,6 +122,7 @@ class Follower(threading.Thread):
         self.reading_since: float | None = None  # when this container's log began to be read
         # the log time (the kubelet's timestamp, else when it came) of the last line delivered
         self.last_line_stamp: float | None = None
+        self.quiet_s: float | None = None  # the silence its heartbeat allows (reconnect.py)
         self._response = None
         self._timer: threading.Timer | None = None
         self._resumed = False  # the resume mark is looked at once, for the first container
@@ -268,6 +271,7 @@ class Follower(threading.Thread):
         self.engine_dead_at = None
         self.readable_before = False
         self.reading_since = None
+        self.quiet_s = None
         self._last_ns = self._marked_ns = 0
 
     def _resume(self, pod: dict) -> None:
@@ -314,6 +318,7 @@ class Follower(threading.Thread):
                     for line in splitter.feed(chunk):
                         self._offer(line)
                 self._report_skipped()
+                hold_to(raw, None if previous else self.quiet_s)
             rest = splitter.rest()
             if rest and previous:  # a dead container's last line may lack its newline
                 self._offer(rest)
@@ -370,6 +375,8 @@ class Follower(threading.Thread):
                              "(%s: %.200s)", self.namespace, self.name, type(exc).__name__, exc)
             return
         for det in detections:
+            if det.signature == "engine_heartbeat":
+                self.quiet_s = quiet_s(det.fields.get("every"))
             if det.first:
                 self.sink.detected(self, det, ns / 1e9 if ns else time.time())
         if not readable and self.readable:

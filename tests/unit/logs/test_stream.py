@@ -9,8 +9,12 @@ from vlm_operator.logs.reconnect import (
     ENDED,
     ERROR,
     QUIET,
+    QUIET_MIN_S,
+    READ_TIMEOUT_S,
     RETRY_MAX_S,
     RETRY_MIN_S,
+    hold_to,
+    quiet_s,
     retry_wait,
 )
 
@@ -339,3 +343,104 @@ def test_the_cpu_a_pods_lines_take_is_budgeted_too():
     follower._stream(previous=False)
     assert 0 < follower.scanner.headered < len(FLOOD) // 2
     assert sum(sink.throttles) == len(FLOOD) - follower.scanner.headered
+
+
+# -- a stream that goes quiet while its container still logs (the kubelet's rotation)
+
+HEARTBEAT = ("(EngineCore pid=7) INFO 11-30 19:00:00 [heartbeat.py:162] vlm-engine-heartbeat "
+             "every=5 steps=12 in_flight=0 step_s=0.0 step_tokens=0 running=0 waiting=0")
+
+
+def test_a_heartbeating_pods_stream_may_stay_silent_four_periods_within_bounds():
+    assert quiet_s("5") == 20.0 and quiet_s("10") == 40.0
+    assert quiet_s("0.5") == QUIET_MIN_S  # never a hair trigger
+    assert quiet_s("60") == READ_TIMEOUT_S  # never longer than any stream waits
+    assert [quiet_s(x) for x in ("0", "-1", "nan", "x", None, "3600")] == [None] * 6
+
+
+class Sock:
+    def __init__(self):
+        self.timeout = READ_TIMEOUT_S
+
+    def gettimeout(self):
+        return self.timeout
+
+    def settimeout(self, t):
+        self.timeout = t
+
+
+class Heartbeating(Stream):
+    """The body, on a connection whose socket timeout the follower may shorten."""
+
+    def __init__(self, lines):
+        super().__init__(lines)
+        self.connection = type("Connection", (), {"sock": Sock()})()
+
+
+def test_the_follower_holds_a_heartbeating_stream_to_what_its_heartbeat_promises():
+    """Once the engine heartbeat says every=5, the open stream's reads time out after 20 s of
+    silence instead of READ_TIMEOUT_S; a new container starts without the promise."""
+    answered = []
+
+    def answer(query):
+        answered.append(Heartbeating(["(APIServer pid=1) INFO 11-30 19:00:00 [a.py:1] hi",
+                                      HEARTBEAT]))
+        return answered[-1]
+
+    follower = Follower(Sink(answer), pod_of())
+    follower._stream(previous=False)
+    assert follower.quiet_s == 20.0
+    assert answered[0].connection.sock.timeout == 20.0
+    follower._stream(previous=True)  # a previous container's log keeps the request's timeout
+    assert answered[1].connection.sock.timeout == READ_TIMEOUT_S
+    follower._new_instance()
+    assert follower.quiet_s is None
+
+
+def test_hold_to_times_out_a_real_stream_that_went_quiet():
+    """Against a real server and urllib3: a chunked response that sends a line, then nothing
+    while keeping the connection open. Held to 0.3 s, the read raises ReadTimeoutError (the
+    follower's QUIET: re-opened at once), long before the request's own read timeout."""
+    import http.server
+
+    import urllib3
+    from urllib3.exceptions import ReadTimeoutError
+
+    release = threading.Event()
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            line = f"{STAMP} {HEARTBEAT}\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+            release.wait(30)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pool = urllib3.PoolManager()
+        resp = pool.request("GET", f"http://127.0.0.1:{server.server_port}/log",
+                            preload_content=False, timeout=urllib3.Timeout(connect=5, read=60))
+        chunks = resp.stream(65536, decode_content=False)
+        assert HEARTBEAT.encode() in next(chunks)
+        hold_to(resp, 0.3)
+        started = time.monotonic()
+        try:
+            next(chunks)
+            raise AssertionError("the quiet stream was not timed out")
+        except ReadTimeoutError:
+            pass
+        assert time.monotonic() - started < 5
+        hold_to(resp, None)  # nothing to hold to: left as it is
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
