@@ -106,6 +106,10 @@ def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
         assert not events(v1, app, pod.metadata.name, "PodRestarted")
         for op in v1.list_namespaced_pod(system).items:  # the operators never restarted
             assert container_status(op, "operator").restart_count == 0, op.status
+            # nothing the operator did so far (reconcile, peering, fence, recovery) was refused
+            # by the chart's RBAC
+            text = v1.read_namespaced_pod_log(op.metadata.name, system, container="operator")
+            assert "Forbidden" not in text, [ln for ln in text.splitlines() if "Forbidden" in ln]
 
         # the active release gone: the standby acts (a new VLMDeployment gets its pod)
         client.AppsV1Api(api).patch_namespaced_deployment_scale(
@@ -122,8 +126,8 @@ def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
             for d in client.AppsV1Api(api).list_namespaced_deployment(app).items), 180, 0.5)
         print(f"the active operator gone -> the standby reconciled a new VLMDeployment: "
               f"{time.monotonic() - t2:.1f} s")
-        assert "Created Deployment after" in v1.read_namespaced_pod_log(
-            standby.metadata.name, system)
+        text = v1.read_namespaced_pod_log(standby.metadata.name, system)
+        assert "Created Deployment after" in text and "Forbidden" not in text
     finally:
         logs = [v1.read_namespaced_pod_log(p.metadata.name, system, tail_lines=40)
                 for p in v1.list_namespaced_pod(system).items
