@@ -7,9 +7,10 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 from vlm_testbed.nodesim.logserver import format_log_line, render_log_lines
-from vlm_testbed.nodesim.processes import default_command, run_pre_stop, stop_process_group
+from vlm_testbed.nodesim.processes import Container, default_command, run_pre_stop, stop_process_group
 from vlm_testbed.nodesim.state import (
     MIN_GRACE_S,
     ContainerView,
@@ -168,3 +169,50 @@ def test_a_failing_hook_is_reported(tmp_path):
         env=dict(os.environ), host="127.0.0.1", container={})
     assert run_pre_stop({"tcpSocket": {"port": 1}}, 1, cwd=tmp_path, env={}, host="x",
                         container={}).startswith("no handler")
+
+
+def test_a_restart_counts_only_with_the_new_container_and_the_old_one_becomes_last_state(
+        tmp_path):
+    # between an exit and the next start the kubelet reports the exited container as the
+    # current state; restartCount goes up with the new container, never before it (a status
+    # with the new count and the old container's start makes a line the old one logged look
+    # like the new one's)
+    starting, go_on = threading.Event(), threading.Event()
+
+    class Images:
+        calls = 0
+
+        def ensure(self, container):
+            self.calls += 1
+            if self.calls == 2:  # the restart: hold it before the next container starts
+                starting.set()
+                go_on.wait(10)
+            return True
+
+    sim = SimpleNamespace(backoff_base=30.0, backoff_cap=300.0, images=Images(),
+                          command_for=lambda spec, ip: ["sh", "-c", "exit 1"])
+    pod = SimpleNamespace(dir=tmp_path, spec={"restartPolicy": "Always"}, sim=sim,
+                          ip="127.0.0.1", meta={"name": "p", "namespace": "ns", "uid": "u"},
+                          key="ns/p", container_env=lambda spec, writable: dict(os.environ),
+                          changed=lambda: None)
+    init = Container(pod, {"name": "setup", "image": "busybox"}, init=True)
+    threading.Thread(target=init.run, daemon=True).start()
+    try:
+        assert starting.wait(10)
+        status = init.status()
+        assert status["restartCount"] == 0 and status["lastState"] == {}
+        assert status["state"]["terminated"]["exitCode"] == 1
+        first_start = status["state"]["terminated"]["startedAt"]
+        go_on.set()
+        deadline = time.monotonic() + 10
+        while "waiting" not in init.status()["state"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status = init.status()  # the second exit: back-off, the exited container is lastState
+        assert status["restartCount"] == 1
+        assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+        assert status["lastState"]["terminated"]["exitCode"] == 1
+        assert status["lastState"]["terminated"]["startedAt"] >= first_start
+        assert len(init.instances) == 2
+    finally:
+        go_on.set()
+        init.stop.set()

@@ -142,21 +142,27 @@ class Container:
         self.stop = threading.Event()
         self.env: dict[str, str] = {}  # the environment of the last start (hooks run in it)
         self.losing = False  # lose() was called: the running instance goes as LOST
+        # restartCount, state and lastState change together under it: status() never shows a
+        # new restartCount with the previous container's start
+        self.lock = threading.Lock()
 
     # -- the kubelet's view for pods/status
     def status(self) -> dict:
-        inst = self.instances[-1] if self.instances else None
-        if self.waiting:
-            state = {"waiting": {"reason": self.waiting[0], **(
-                {"message": self.waiting[1]} if self.waiting[1] else {})}}
-        elif self.current_terminated:
-            state = terminated_state(self.current_terminated)
+        with self.lock:
+            inst = self.instances[-1] if self.instances else None
+            waiting, current, last = self.waiting, self.current_terminated, self.last
+            restarts = self.restart_count
+        if waiting:
+            state = {"waiting": {"reason": waiting[0], **(
+                {"message": waiting[1]} if waiting[1] else {})}}
+        elif current:
+            state = terminated_state(current)
         else:
             state = {"running": {"startedAt": rfc3339(inst.started_ns if inst else None)}}
         out = {"name": self.name, "image": self.spec.get("image", ""),
                "imageID": f"sim://{self.spec.get('image', '')}", "ready": self.ready,
-               "restartCount": self.restart_count, "state": state,
-               "lastState": terminated_state(self.last) if self.last else {}}
+               "restartCount": restarts, "state": state,
+               "lastState": terminated_state(last) if last else {}}
         if inst:
             out["containerID"] = inst.container_id
         if not self.init:
@@ -183,14 +189,15 @@ class Container:
                                                      self.pod.sim.backoff_cap)
                 if delay:
                     meta = self.pod.meta
-                    self.waiting = ("CrashLoopBackOff",
-                                    f"back-off {delay:g}s restarting failed container="
-                                    f"{self.name} pod={meta['name']}_{meta['namespace']}"
-                                    f"({meta['uid']})")
+                    with self.lock:  # waiting, with the exited container as lastState
+                        self.last, self.current_terminated = self.current_terminated, None
+                        self.waiting = ("CrashLoopBackOff",
+                                        f"back-off {delay:g}s restarting failed container="
+                                        f"{self.name} pod={meta['name']}_{meta['namespace']}"
+                                        f"({meta['uid']})")
                     self.pod.changed()
                     if self.stop.wait(delay):
                         break
-                self.restart_count += 1
             started = time.monotonic()
             term = self._run_once()
             if term is None:  # could not start
@@ -203,8 +210,7 @@ class Container:
                                               self.pod.sim.backoff_cap)
             if self.stop.is_set() or not should_restart(policy, term.exit_code, self.init):
                 break
-            self.last, self.current_terminated = term, None
-            self.pod.changed()
+            # the exited container stays the current state (terminated) until the next starts
         self.ready = False
         self.finished.set()
         self.pod.changed()
@@ -227,14 +233,13 @@ class Container:
             inst.started_ns = time.time_ns()
             inst.log_path.write_text(format_log_line(time.time_ns(), "stderr", str(exc)))
             inst.done.set()
-            self.instances.append(inst)
             now = time.time_ns()
-            self.waiting, self.current_terminated = None, Terminated(
-                128, "StartError", now, now, inst.container_id)
-            return self.current_terminated
+            term = Terminated(128, "StartError", now, now, inst.container_id)
+            self._now_current(inst, term)
+            return term
         inst.started_ns = time.time_ns()
-        self.instances.append(inst)
-        self.waiting, self.current_terminated, self.ready = None, None, False
+        self.ready = False
+        self._now_current(inst, None)
         self.started = not self.spec.get("startupProbe")
         self.kill_reason = None
         self.pod.changed()
@@ -262,6 +267,16 @@ class Container:
         inst.done.set()
         self.pod.changed()
         return term
+
+    def _now_current(self, inst: Instance, terminated: Terminated | None) -> None:
+        """`inst` is the container now (running, or `terminated` where it could not start): a
+        restart counts it, and the container before becomes lastState, in one step."""
+        with self.lock:
+            if self.instances:
+                self.restart_count += 1
+                self.last = self.current_terminated or self.last
+            self.instances.append(inst)
+            self.waiting, self.current_terminated = None, terminated
 
     @staticmethod
     def _pump(stream, name: str, sink, lock: threading.Lock) -> None:
