@@ -10,7 +10,12 @@ import time
 from types import SimpleNamespace
 
 from vlm_testbed.nodesim.logserver import format_log_line, render_log_lines
-from vlm_testbed.nodesim.processes import Container, default_command, run_pre_stop, stop_process_group
+from vlm_testbed.nodesim.processes import (
+    Container,
+    default_command,
+    run_pre_stop,
+    stop_process_group,
+)
 from vlm_testbed.nodesim.state import (
     MIN_GRACE_S,
     ContainerView,
