@@ -153,3 +153,50 @@ def test_a_second_node_beside_the_first_has_its_own_network_gpus_and_logs(contro
         assert "Starting vLLM server" in v1.read_namespaced_pod_log("on-first", ns)
     finally:
         v1.delete_namespace(ns)
+
+
+REMEDIATION_EVENTS = ("PodFenced", "PodRestartRequested", "PodRestarted", "PodReplacing",
+                      "PodRecoveredInPlace")
+
+
+def test_a_pod_that_never_becomes_ready_is_reported_and_left_alone(api, ns, node):
+    """A model load that does not end (the stand-in loads for an hour: /health is not 200) with
+    the default health policy: the real kubelet's startup probe fails every period and keeps the
+    pod out of the Service; the operator says Ready=False (0/1 replicas ready) and, as a load
+    on real hardware takes minutes, neither fences, restarts nor replaces the pod: it is the
+    startup probe's budget (30 minutes) that ends a load, not the operator."""
+    v1, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "loading"},
+            "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "replicas": 1, "vllm": {"env": [
+                {"name": "VLM_SIM_STARTUP_SECONDS", "value": "3600"}]}}}
+    custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+    pod = wait_for("the pod's container running", lambda: next(
+        (p for p in v1.list_namespaced_pod(ns).items if running_id(p)), None), 120, 0.2)
+    name, uid = pod.metadata.name, pod.metadata.uid
+    failed = wait_for("the kubelet's startup probe failing", lambda: [
+        m for m in events(v1, ns, name, "Unhealthy") if m.startswith("Startup probe failed")],
+        60, 0.5)
+
+    def reported() -> dict | None:
+        status = custom.get_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, ns, crd.PLURAL, "loading").get("status") or {}
+        ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        return status if ready.get("reason") == "ReplicasNotReady" else None
+
+    status = wait_for("Ready=False from the operator", reported, 60, 0.5)
+    assert "0/1 replicas ready" in next(
+        c["message"] for c in status["conditions"] if c["type"] == "Ready")
+    time.sleep(30)  # some 15 failed startup probes more: nothing may come of them but waiting
+    pod = v1.read_namespaced_pod(name, ns)
+    assert pod.metadata.uid == uid and pod.metadata.deletion_timestamp is None
+    assert not is_ready(pod) and container_status(pod).restart_count == 0
+    status = custom.get_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, ns, crd.PLURAL, "loading").get("status") or {}
+    assert not status.get("lastRemediation"), status.get("lastRemediation")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded
+    acted = [(e.reason, e.message) for e in v1.list_namespaced_event(ns).items
+             if e.reason in REMEDIATION_EVENTS]
+    assert not acted, acted
+    print(f"startup probe: {failed[-1]}; operator: {degraded['reason']}, Ready "
+          f"{status.get('readyReplicas', 0)}/1")
