@@ -26,7 +26,7 @@ from vlm_testbed.chart import install, uninstall
 from vlm_testbed.controlplane import ready_namespace
 from vlm_testbed.failure_matrix.bed import post
 from vlm_testbed.realnode import OPERATOR_IMAGE
-from vlm_testbed.realnode.pods import container_status, events, is_ready, wait_for
+from vlm_testbed.realnode.pods import condition, container_status, events, is_ready, wait_for
 
 RELEASES = {"vlm": 100, "vlm-standby": 50}  # release -> peering.priority
 
@@ -79,11 +79,8 @@ def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
                      "vllm": {"env": [{"name": "VLM_SIM_STARTUP_SECONDS", "value": "0"}]}}})
         pod = wait_for("a Ready vLLM pod the in-cluster operator made", lambda: next(
             (p for p in v1.list_namespaced_pod(app).items if is_ready(p)), None), 180, 0.5)
-        wait_for("the VLMDeployment Ready", lambda: any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (custom.get_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, app, crd.PLURAL, "m").get("status") or {}).get(
-                "conditions", [])), 60, 0.5)
+        wait_for("the VLMDeployment Ready", lambda: condition(
+            custom, app, "m", "Ready").get("status") == "True", 60, 0.5)
 
         # the engine dies (a log line, then the process exits 5 s later)
         post(pod.status.pod_ip, "/sim/fault", {"fault": "engine_dead", "exit_delay": 5})

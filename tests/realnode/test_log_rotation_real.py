@@ -33,7 +33,7 @@ from vlm_operator.desired import children
 from vlm_operator.logs import marks
 from vlm_testbed.controlplane import ready_namespace
 from vlm_testbed.operator_process import OperatorProcess
-from vlm_testbed.realnode.pods import is_ready, wait_for
+from vlm_testbed.realnode.pods import condition, is_ready, vlmd_status, wait_for
 
 FLOOD_LINES_S, FLOOD_S = 40_000, 3  # some 120,000 lines of ~130 bytes: past 5 MiB at once
 
@@ -49,16 +49,6 @@ def post_fault(ip: str, fault: dict) -> None:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
-
-
-def get_vlmd(api: Any, ns: str, name: str) -> dict:
-    return client.CustomObjectsApi(api).get_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
-
-
-def condition(api: Any, ns: str, name: str, kind: str) -> dict:
-    conditions = (get_vlmd(api, ns, name).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == kind), {})
 
 
 def read_up_to(pod: Any) -> float:
@@ -89,13 +79,12 @@ def test_an_engine_death_logged_after_the_kubelet_rotated_the_log_is_acted_on(ap
                 {"name": "VLM_SIM_STARTUP_SECONDS", "value": "0"},
                 # the engine dies, the process stays: only the log tells
                 {"name": "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "value": "1"}]}}}
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
-    v1 = client.CoreV1Api(api)
+    custom, v1 = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
     pod = wait_for("the pod Ready", lambda: next(
         (p for p in v1.list_namespaced_pod(ns).items if is_ready(p)), None), 120, 0.2)
     wait_for("the operator reading the pod's engine heartbeat from its log", lambda: condition(
-        api, ns, "rotated", "StallDetection").get("reason") == "EngineHeartbeat", 90, 0.5)
+        custom, ns, "rotated", "StallDetection").get("reason") == "EngineHeartbeat", 90, 0.5)
     before = operator.metrics()
 
     post_fault(pod.status.pod_ip, {"fault": "log_flood", "rate": FLOOD_LINES_S,
@@ -111,7 +100,7 @@ def test_an_engine_death_logged_after_the_kubelet_rotated_the_log_is_acted_on(ap
 
     post_fault(pod.status.pod_ip, {"fault": "engine_dead"})
     last = wait_for("the engine death acted on", lambda: (
-        (r := (get_vlmd(api, ns, "rotated").get("status") or {}).get("lastRemediation"))
+        (r := vlmd_status(custom, ns, "rotated").get("lastRemediation"))
         and r.get("pod") == pod.metadata.name and r), 90, 0.5)
     acted_s = time.time() - rotated_at
     after = operator.metrics()

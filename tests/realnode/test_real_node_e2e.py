@@ -18,7 +18,15 @@ from kubernetes import client
 from vlm_operator.api import crd
 from vlm_operator.api.names import RESTART_REQUEST, RESTART_REQUEST_DIR, RESTART_REQUEST_FILE
 from vlm_testbed.realnode import VLLM_IMAGE
-from vlm_testbed.realnode.pods import container_status, events, is_ready, running_id, wait_for
+from vlm_testbed.realnode.pods import (
+    condition,
+    container_status,
+    events,
+    is_ready,
+    running_id,
+    vlmd_status,
+    wait_for,
+)
 
 # Remediation off: what the kubelet does is what is tested, not the operator's recovery.
 IGNORE_ALL = {"tokenizerRetry": {"action": "Ignore"}, "engineDead": {"action": "Ignore"},
@@ -177,21 +185,15 @@ def test_a_pod_that_never_becomes_ready_is_reported_and_left_alone(api, ns, node
         m for m in events(v1, ns, name, "Unhealthy") if m.startswith("Startup probe failed")],
         60, 0.5)
 
-    def reported() -> dict | None:
-        status = custom.get_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, ns, crd.PLURAL, "loading").get("status") or {}
-        ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
-        return status if ready.get("reason") == "ReplicasNotReady" else None
-
-    status = wait_for("Ready=False from the operator", reported, 60, 0.5)
-    assert "0/1 replicas ready" in next(
-        c["message"] for c in status["conditions"] if c["type"] == "Ready")
+    ready = wait_for("Ready=False from the operator", lambda: (
+        c := condition(custom, ns, "loading", "Ready")).get("reason") == "ReplicasNotReady"
+        and c, 60, 0.5)
+    assert "0/1 replicas ready" in ready["message"], ready
     time.sleep(30)  # some 15 failed startup probes more: nothing may come of them but waiting
     pod = v1.read_namespaced_pod(name, ns)
     assert pod.metadata.uid == uid and pod.metadata.deletion_timestamp is None
     assert not is_ready(pod) and container_status(pod).restart_count == 0
-    status = custom.get_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, ns, crd.PLURAL, "loading").get("status") or {}
+    status = vlmd_status(custom, ns, "loading")
     assert not status.get("lastRemediation"), status.get("lastRemediation")
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "False", degraded

@@ -28,6 +28,8 @@ from vlm_testbed.nodesim.state import (
     should_restart,
 )
 
+from ..waiting import wait_until
+
 
 def test_rfc3339nano_trims_like_go():
     assert rfc3339nano(1_700_000_000_123_400_000) == "2023-11-14T22:13:20.1234Z"
@@ -209,9 +211,7 @@ def test_a_restart_counts_only_with_the_new_container_and_the_old_one_becomes_la
         assert status["state"]["terminated"]["exitCode"] == 1
         first_start = status["state"]["terminated"]["startedAt"]
         go_on.set()
-        deadline = time.monotonic() + 10
-        while "waiting" not in init.status()["state"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: "waiting" in init.status()["state"], timeout=10)
         status = init.status()  # the second exit: back-off, the exited container is lastState
         assert status["restartCount"] == 1
         assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"

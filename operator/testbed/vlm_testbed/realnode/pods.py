@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from vlm_operator.api import crd
 from vlm_operator.desired.children import STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS
 
 from .imagebuild import VLLM_IMAGE
@@ -76,6 +77,19 @@ def events(core: Any, namespace: str, name: str, reason: str) -> list[str]:
     CoreV1Api)."""
     return [e.message for e in core.list_namespaced_event(namespace).items
             if e.reason == reason and e.involved_object.name == name]
+
+
+def vlmd_status(custom: Any, namespace: str, name: str) -> dict:
+    """The status of the VLMDeployment `name` ({} before the operator wrote one; custom: a
+    CustomObjectsApi)."""
+    return custom.get_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name).get("status") or {}
+
+
+def condition(custom: Any, namespace: str, name: str, kind: str) -> dict:
+    """The VLMDeployment's condition of type `kind` ({} while it has none)."""
+    return next((c for c in vlmd_status(custom, namespace, name).get("conditions") or []
+                 if c["type"] == kind), {})
 
 
 def container_status(pod: Any, name: str = "vllm") -> Any:
