@@ -53,6 +53,7 @@ from vlm_operator.reconcile.reconciler import Reconciler
 from vlm_operator.remediation.ladder import KubeletBackoff
 from vlm_operator.remediation.remediator import Remediator
 from vlm_operator.remediation.steps import UNSCHEDULABLE_S
+from vlm_operator.runtime.namespace_discovery import count_listed_namespaces
 from vlm_operator.runtime.periodic import Periodic
 from vlm_operator.runtime.rounds import Rounds
 from vlm_operator.runtime.sharding import Shard, ordinal
@@ -293,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         memo.cluster.stop()
 
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    if any(map(is_pattern, args.namespaces)):
+        count_listed_namespaces()
     kopf.run(clusterwide=not args.namespaces, namespaces=args.namespaces,
              standalone=args.standalone, peering_name=None if args.standalone else peering_name,
              priority=args.priority, liveness_endpoint=liveness, identity=identity,

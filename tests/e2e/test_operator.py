@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from kube_helpers import (
@@ -288,3 +290,25 @@ def test_two_operator_replicas_never_act_twice(api, cluster):
             assert len(created_events(api, ns, "pair-3")) == 3
     finally:
         client.CoreV1Api(api).delete_namespace(ns)
+
+
+def test_a_namespace_created_while_kopf_lists_namespaces_is_watched(api, cluster, tmp_path):
+    """A namespace matching -n's pattern, created between kopf's first listing of the
+    namespaces and its watch's own (held open here by 3 s; on a loaded machine it opens by
+    chance just after the liveness probe answers): kopf alone never watched it, so its
+    VLMDeployment got no status (runtime/namespace_discovery.py)."""
+    mark = tmp_path / "listing"
+    hook = Path(__file__).parent / "data" / "slow_namespace_listing"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+           "VLM_TEST_LISTING_MARK": str(mark), "VLM_TEST_LISTING_DELAY_S": "3"}
+    prefix = f"e2e-listed-{time.monotonic_ns() % 10_000:04d}-"
+    with OperatorProcess(cluster.kubeconfig, "--standalone", "-n", f"{prefix}*", env=env):
+        wait_for("kopf's second listing of the namespaces", mark.exists, timeout=30)
+        ns = make_namespace(api, prefix)
+        try:
+            create(api, ns, cr("listed"))
+            wait_for("status", lambda: get_cr(api, ns, "listed").get("status", {}).get(
+                "observedGeneration"), timeout=30)
+            assert deployment(api, ns, "listed")
+        finally:
+            client.CoreV1Api(api).delete_namespace(ns)
