@@ -15,17 +15,30 @@ class Action(enum.StrEnum):
 
 
 # What spec.health's action fields accept (a Replace is the operator's choice, not the user's:
-# a Restart that minAvailable protects becomes one)
-POLICY = (Action.RESTART, Action.SCALE_DOWN, Action.IGNORE)
+# a Restart that minAvailable protects becomes one), each with what it does as users read it in
+# the CRD's schema and docs/reference.md
+POLICY_MEANS = {
+    Action.RESTART: "deletes the pod (its Deployment replaces it)",
+    Action.SCALE_DOWN: ("takes it out of the Service, drains it, then removes it and lowers the "
+                        "replica count"),
+    Action.IGNORE: "only counts",
+}
+POLICY = tuple(POLICY_MEANS)
 # What takes more than one step, and so is recorded on the VLMDeployment until it ends
 MULTI_STEP = (Action.REPLACE, Action.SCALE_DOWN)
+
+
+def policy_help() -> str:
+    """What each action spec.health accepts does, in one sentence per action."""
+    return "; ".join(f"{a.value} {means}" for a, means in POLICY_MEANS.items()) + "."
 
 
 class UnknownAction(ValueError):
     """An action this operator does not know reached code that must act on it."""
 
     def __init__(self, action: object, where: str) -> None:
-        super().__init__(f"{where}: unknown action {action!r}; one of "
+        shown = action.value if isinstance(action, Action) else action
+        super().__init__(f"{where}: unknown action {shown!r}; one of "
                          f"{', '.join(a.value for a in Action)}")
         self.action = action
 

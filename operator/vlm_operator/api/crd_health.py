@@ -4,7 +4,7 @@ stalled engine and an unresponsive API server, and the limits on what it does ab
 from __future__ import annotations
 
 from vlm_operator.api import schema as s
-from vlm_operator.api.actions import POLICY
+from vlm_operator.api.actions import POLICY, policy_help
 from vlm_operator.api.health_signals import LOG, SIGNALS, signal
 
 POLICY_VALUES = [a.value for a in POLICY]  # spec.health's action fields, as the schema lists them
@@ -20,10 +20,7 @@ def signature_policy(what: str, threshold: int, window: int, action: str) -> s.S
             "windowSeconds": s.integer(
                 "Length of the sliding window the detections are counted in.",
                 default=window, minimum=1, maximum=86400),
-            "action": s.string(
-                "Restart deletes the pod (its Deployment replaces it); ScaleDown takes it out of "
-                "the Service, drains it, then removes it and lowers the replica count; Ignore "
-                "only counts.", default=action, enum=POLICY_VALUES),
+            "action": s.string(policy_help(), default=action, enum=POLICY_VALUES),
         },
         default={},
     )

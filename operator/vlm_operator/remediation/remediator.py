@@ -1,7 +1,8 @@
 """Acting on incidents: gather, decide, execute. For each open incident the inputs are read once
 into a decide.PlanRequest, decide.decide() returns a RemediationPlan, and the plan is carried
-out: a Restart by remediation/recovery.py, a Replace or ScaleDown recorded on the
-VLMDeployment and driven by remediation/in_flight.py, a held plan told once (events.py).
+out (remediation/execute.py: a Restart by remediation/recovery.py, a Replace or ScaleDown
+recorded on the VLMDeployment and driven by remediation/in_flight.py), a held plan told once
+(events.py).
 Decisions and actions on one VLMDeployment's pods are serialised by its lock (intake.Owner).
 Held incidents stay open and are decided again on pod events, spec changes and every
 RECONSIDER_S, until acted on, gone or older than their window. Every round also makes sure the
@@ -18,14 +19,12 @@ from collections.abc import Callable, Mapping
 from kubernetes.client.exceptions import ApiException
 
 from vlm_operator.api import log_signatures
-from vlm_operator.api.actions import Action, UnknownAction
 from vlm_operator.api.reports import Event, Report
 from vlm_operator.api.validation import SpecError, VLMDeployment, parse
 from vlm_operator.desired import children
 from vlm_operator.k8s.kube import Kube
 from vlm_operator.k8s.nodes import Leaving
 from vlm_operator.k8s.views import Body, Pod
-from vlm_operator.metrics import REMEDIATIONS
 from vlm_operator.podreads import reader
 from vlm_operator.remediation import (
     actions,
@@ -44,6 +43,7 @@ from vlm_operator.remediation.decide import (
     decide,
     remediating_report,
 )
+from vlm_operator.remediation.execute import execute
 from vlm_operator.remediation.in_flight import InFlightDriver
 from vlm_operator.remediation.incidents import (
     HISTORY,
@@ -57,7 +57,6 @@ from vlm_operator.remediation.incidents import (
     parse_in_flight,
     pending_claims,
     read_in_flight,
-    stamp,
 )
 from vlm_operator.remediation.intake import RECONSIDER_S, Case, Key, Owner, due
 from vlm_operator.remediation.policy import health_policy_from_spec
@@ -302,36 +301,10 @@ class Remediator:
 
     # -- executing
     def _act(self, case: Case, plan: RemediationPlan) -> None:
-        namespace, name, owner, body, pod, incident = (case.namespace, case.name, case.owner,
-                                                       case.body, case.pod, case.incident)
-        self._record(owner, namespace, name)  # first: a crash after the action must not
-        # leave the budget short (one extra count is the safe side)
-        log.info("%s/%s: %s", namespace, name, plan.message)
-        match plan.action:
-            case Action.RESTART:
-                self.recovery.restart(case, plan)
-                return
-            case Action.REPLACE | Action.SCALE_DOWN:
-                pass  # recorded, then driven step by step (in_flight.py)
-            case _:
-                raise UnknownAction(plan.action, f"the plan for {incident.pod}")
-        record = InFlight(plan.action, incident.pod, incident.uid, incident.signature,
-                          incident.last, stamp(time.time()), int(body["spec"].get("replicas", 1)),
-                          before=(actions.pod_uids(case.pods) if plan.action == Action.REPLACE
-                                  else ()))
-        self.write_in_flight(namespace, name, owner, add=record)
-        if plan.action == Action.SCALE_DOWN:  # out of the Service now; the steps drain it
-            self.kube.patch_pod(namespace, incident.pod,
-                                labels={children.IN_SERVICE_LABEL: "false"})
-        REMEDIATIONS.labels(namespace, name, plan.action).inc()
-        reason, text = (("PodReplacing", "; bringing up a replacement first")
-                        if plan.action == Action.REPLACE else ("ScaleDownStarted", "; draining"))
-        events.post(self.kube, namespace, name, pod,
-                    Event("Warning", reason, plan.message + text), body)
-        self.in_flight.drive(namespace, name)
-        events.last_remediation(self.kube, namespace, name, incident, action=plan.action,
-                                reason=plan.message)
-        self.reconcile(namespace, name)
+        self._record(case.owner, case.namespace, case.name)  # first: a crash after the
+        # action must not leave the budget short (one extra count is the safe side)
+        log.info("%s/%s: %s", case.namespace, case.name, plan.message)
+        execute(self, self.recovery.restart, case, plan)
 
     def _record(self, owner: Owner, namespace: str, name: str) -> None:
         """One more remediation in the last hour, kept on the VLMDeployment for the budget."""
