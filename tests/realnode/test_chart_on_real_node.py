@@ -29,6 +29,29 @@ from vlm_testbed.realnode import OPERATOR_IMAGE
 from vlm_testbed.realnode.pods import condition, container_status, events, is_ready, wait_for
 
 RELEASES = {"vlm": 100, "vlm-standby": 50}  # release -> peering.priority
+# What the pods' ServiceAccount may and may not do: (verb, resource, subresource, where), where
+# "app" is the watched namespace, "system" the releases' own and None the cluster
+MAY = [("patch", "pods", "", "app"), ("delete", "pods", "", "app"), ("get", "pods", "log", "app"),
+       ("create", "deployments.apps", "", "app"), ("create", "events", "", "app"),
+       ("patch", "vlmdeployments.serving.vlm-operator.dev", "status", "app"),
+       ("list", "nodes", "", None)]
+MAY_NOT = [("get", "secrets", "", "app"), ("get", "secrets", "", "system"),
+           ("delete", "pods", "", "system"), ("get", "pods", "log", "system"),
+           ("create", "pods", "", "app"), ("patch", "nodes", "", None)]
+
+
+def can_i(api: Any, namespace: str, sa: str, verb: str, resource: str, sub: str,
+          where: str | None) -> bool:
+    """The apiserver's SubjectAccessReview for the ServiceAccount's token."""
+    name, _, group = resource.partition(".")
+    attrs = {"verb": verb, "group": group, "resource": name, "subresource": sub,
+             **({"namespace": where} if where else {})}
+    review = client.AuthorizationV1Api(api).create_subject_access_review({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": f"system:serviceaccount:{namespace}:{sa}", "resourceAttributes": attrs,
+                 "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                            "system:authenticated"]}})
+    return bool(review.status.allowed)
 
 
 def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
@@ -70,6 +93,13 @@ def test_helm_install_runs_the_operator_as_pods_that_recover_an_engine_in_place(
             peer.split("/")[0] for peer in (custom.get_namespaced_custom_object(
                 "kopf.dev", "v1", app, "kopfpeerings", "vlm-operator").get("status") or {})
         } == names, 60, 0.5)
+        # what the pods' own ServiceAccount may do, as the apiserver decides for its token: the
+        # operator's work in the watched namespace, nothing outside it, no Secrets anywhere
+        where = {"app": app, "system": system, None: None}
+        for release in RELEASES:
+            sa = f"{release}-vlm-operator"
+            assert [t for t in MAY if not can_i(api, system, sa, *t[:3], where[t[3]])] == []
+            assert [t for t in MAY_NOT if can_i(api, system, sa, *t[:3], where[t[3]])] == []
         policies = client.NetworkingV1Api(api).list_namespaced_network_policy(app).items
         assert policies, "the chart's vLLM NetworkPolicy is not in the watched namespace"
 

@@ -75,6 +75,15 @@ def test_pod_runs_on_the_real_node_with_a_pod_address_and_a_gpu(api, ns, node):
     gpu = env.get("NVIDIA_VISIBLE_DEVICES", "")
     assert gpu.startswith(f"GPU-{node.name}-"), env  # set by the device plugin's Allocate
     assert os.stat(f"/proc/{node.task_pid(running_id(pod))}").st_uid == 10001  # runAsUser
+    # the Service's core/v1 Endpoints hold the pod's address: the Endpoints controller refuses
+    # the node simulator's loopback addresses (FailedToUpdateEndpoint), never a real node's
+    v1 = client.CoreV1Api(api)
+
+    def endpoint_ips() -> list[str]:
+        subsets = v1.read_namespaced_endpoints("real", ns).subsets or []
+        return [a.ip for s in subsets for a in s.addresses or []]
+
+    assert wait_for("the pod in the Service's Endpoints", endpoint_ips, 30) == [pod.status.pod_ip]
 
 
 def test_the_kubelet_pulls_the_built_vllm_image_and_its_plugin_loads(api, ns, node):
