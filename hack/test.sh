@@ -6,6 +6,7 @@
 # What mostly waits runs side by side; what uses the CPU runs beside nothing timed:
 # - the engine venvs (several GB of downloads) are built in the background from the start,
 #   while the Kubernetes build, the unit tests and the e2e tests run;
+# - the real nodes' image base (a debootstrap) is made in the background beside the unit tests;
 # - the e2e tests (they wait on pods and operators) run on several workers, each with a control
 #   plane of its own;
 # - the engine tests (nothing in them is timed) run last, two vLLM releases at a time.
@@ -55,6 +56,15 @@ envs=$!
 
 say "setup: the project's venv, npm packages, the Kubernetes build"
 phase "setup" hack/setup.sh || { echo "setup failed"; exit 1; }
+
+# The real-node phase's stand-in image base (a debootstrap of Debian, mostly waiting on the
+# mirror) is made now, beside the unit tests, so that phase finds it cached (root only, as the
+# real-node tests are).
+if [[ $(id -u) == 0 ]]; then
+  say "the real nodes' image base: in the background (log: $results/image-bases.log)"
+  phase "image bases (background)" .venv/bin/python -m vlm_testbed.realnode prepare \
+    >"$results/image-bases.log" 2>&1 &
+fi
 
 say "ruff"
 phase "ruff" .venv/bin/ruff check operator tests bench || rc=1

@@ -16,7 +16,7 @@ build`).
 
 Modules: config (network, containerd config, kubelet flags, mount namespace), registry,
 imagebuild, node (RealNode), pods (a stand-in pod and waits), stale (what a killed session
-left).
+left). `python -m vlm_testbed.realnode prepare` makes the image base ahead of build_images.
 """
 
 from .imagebuild import OPERATOR_IMAGE, PAUSE_IMAGE, VLLM_IMAGE, build_images
