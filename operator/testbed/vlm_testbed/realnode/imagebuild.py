@@ -81,8 +81,8 @@ os.execv(sys.executable, [sys.executable, "-m", "vlm_testbed.vllmsim", *args])
 """
 VLLM_CPU_SHIM = """#!/opt/vllm/bin/python3
 # `vllm ...` -> vLLM's own CLI from the venv at /opt/vllm (its scripts name the interpreter of
-# the path the venv was made at; this one names the image's)
-# the idiom vLLM's engine processes need: they start by spawn, which imports this file again
+# the path the venv was made at; this one names the image's). The __main__ guard is the idiom
+# vLLM's engine processes need: they start by spawn, which imports this file again.
 import sys
 from vllm.entrypoints.cli.main import main
 if __name__ == "__main__":
@@ -300,8 +300,9 @@ def _build_locked(registry: LocalRegistry, log: Path) -> dict[str, float]:
 def build_vllm_cpu_image(registry: LocalRegistry, venv: Path, version: str) -> dict[str, float]:
     """Build images/vllm/Dockerfile, unchanged, on a stand-in base holding the real vllm-cpu of
     `venv` (named `vllm/vllm-openai:<version>-cpu`), and push the project's image uncompressed
-    (a 6 GB layer gzipped on 2 cores costs minutes and saves a local pull nothing); the image
-    name and the seconds each step took. Needs build_images' python base in the storage."""
+    (a 6 GB layer gzipped on 2 cores costs minutes and saves a local pull nothing), then drop
+    both from the build storage; the seconds each step took. The project's image is
+    vllm_image(f"{version}-cpu"). Needs build_images' python base in the storage."""
     tag = f"{version}-cpu"
     images = cache_root() / "images"
     with open(images / "build.lock", "w") as lock:
