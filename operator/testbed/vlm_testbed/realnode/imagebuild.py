@@ -32,6 +32,7 @@ naming it, with its log's tail."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import shutil
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from vlm_operator.api.crd_spec import DEFAULT_IMAGE
@@ -241,13 +243,38 @@ def _pause(b: Buildah) -> None:
     b("committing the pause image", "commit", "--rm", "-q", c, PAUSE_IMAGE)
 
 
-def build_images(registry: LocalRegistry) -> dict[str, float]:
-    """Build the bases and both Dockerfiles (the vLLM one for each of VLLM_VERSIONS), push
-    them all to `registry`; the seconds each step took. Logs in the cache's images/build.log."""
+@contextlib.contextmanager
+def _build_lock() -> Iterator[Path]:
+    """One build at a time over the shared storage and caches; yields the cache's images/."""
     images = cache_root() / "images"
     images.mkdir(parents=True, exist_ok=True)
     with open(images / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time over the shared storage
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield images
+
+
+def _timed(steps: Iterable[tuple[str, Callable[[], object]]]) -> dict[str, float]:
+    """Run each (what, step) in turn, saying and returning the seconds each took."""
+    took: dict[str, float] = {}
+    for what, step in steps:
+        t0 = time.monotonic()
+        step()
+        took[what] = time.monotonic() - t0
+        _say(f"{what}: {took[what]:.0f} s")
+    return took
+
+
+def _vllm_dockerfile(b: Buildah, version: str) -> None:
+    """images/vllm/Dockerfile on the base of `version`, as the project's image of it."""
+    b(f"building images/vllm/Dockerfile for {version}", "bud", "--layers", "-q",
+      "--build-arg", f"VLLM_VERSION={version}", "-f", "images/vllm/Dockerfile", "-t",
+      vllm_image(version), ".", cwd=ROOT)
+
+
+def build_images(registry: LocalRegistry) -> dict[str, float]:
+    """Build the bases and both Dockerfiles (the vLLM one for each of VLLM_VERSIONS), push
+    them all to `registry`; the seconds each step took. Logs in the cache's images/build.log."""
+    with _build_lock() as images:
         return _build_locked(registry, images / "build.log")
 
 
@@ -255,38 +282,26 @@ def prepare_bases() -> None:
     """Make the python base's root filesystem (a debootstrap: most of build_images' first run,
     mostly waiting on the Debian mirror) and its wheelhouse ahead, cached where build_images
     finds them: the test command does this beside its unit tests."""
-    images = cache_root() / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    with open(images / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for what, step in (("root filesystem", _rootfs), ("wheelhouse", _wheelhouse)):
-            t0 = time.monotonic()
-            step(images / "prepare.log")
-            _say(f"the python base's {what}: {time.monotonic() - t0:.0f} s")
+    with _build_lock() as images:
+        log = images / "prepare.log"
+        _timed([("the python base's root filesystem", lambda: _rootfs(log)),
+                ("the python base's wheelhouse", lambda: _wheelhouse(log))])
 
 
 def _build_locked(registry: LocalRegistry, log: Path) -> dict[str, float]:
     log.write_bytes(b"")
     b = Buildah(log)
     b("removing working containers an interrupted build left", "rm", "--all")
-    took: dict[str, float] = {}
-    steps = [
+    took = _timed([
         ("pause image", lambda: _pause(b)),
         ("python base", lambda: _python_base(b, log)),
         ("vLLM base", lambda: _vllm_base(b, log)),
         ("operator image", lambda: b("building images/operator/Dockerfile", "bud", "--layers",
                                      "-q", "-f", "images/operator/Dockerfile", "-t",
                                      OPERATOR_IMAGE, ".", cwd=ROOT)),
-        *((f"vLLM image {version}", lambda version=version: b(
-            f"building images/vllm/Dockerfile for {version}", "bud", "--layers", "-q",
-            "--build-arg", f"VLLM_VERSION={version}", "-f", "images/vllm/Dockerfile", "-t",
-            vllm_image(version), ".", cwd=ROOT)) for version in VLLM_VERSIONS),
-    ]
-    for what, step in steps:
-        t0 = time.monotonic()
-        step()
-        took[what] = time.monotonic() - t0
-        _say(f"{what}: {took[what]:.0f} s")
+        *((f"vLLM image {version}", lambda version=version: _vllm_dockerfile(b, version))
+          for version in VLLM_VERSIONS),
+    ])
     t0 = time.monotonic()
     for image in (PAUSE_IMAGE, PYTHON_BASE, OPERATOR_IMAGE,
                   *(f(v) for v in VLLM_VERSIONS for f in (vllm_base, vllm_image))):
@@ -304,33 +319,22 @@ def build_vllm_cpu_image(registry: LocalRegistry, venv: Path, version: str) -> d
     both from the build storage; the seconds each step took. The project's image is
     vllm_image(f"{version}-cpu"). Needs build_images' python base in the storage."""
     tag = f"{version}-cpu"
-    images = cache_root() / "images"
-    with open(images / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _build_lock() as images:
         log = images / "build-vllm-cpu.log"
         log.write_bytes(b"")
         b = Buildah(log)
         b("removing working containers an interrupted build left", "rm", "--all")
-        took: dict[str, float] = {}
-        for what, step in (
-                ("vllm-cpu base", lambda: _vllm_cpu_base(b, venv, vllm_base(tag))),
-                ("vLLM image on vllm-cpu", lambda: b(
-                    f"building images/vllm/Dockerfile for {tag}", "bud", "--layers", "-q",
-                    "--build-arg", f"VLLM_VERSION={tag}", "-f", "images/vllm/Dockerfile", "-t",
-                    vllm_image(tag), ".", cwd=ROOT)),
-                ("push, uncompressed", lambda: b(
-                    f"pushing {vllm_image(tag)} to the local registry", "push",
-                    "--tls-verify=false", "--disable-compression", "-q", vllm_image(tag),
-                    f"docker://{registry.reference(vllm_image(tag))}")),
-                # the registry holds them now: 6 GB each run would otherwise stay behind
-                ("removing them from the build storage", lambda: b(
-                    "removing the vllm-cpu images from the build storage", "rmi", "-f",
-                    vllm_image(tag), vllm_base(tag)))):
-            t0 = time.monotonic()
-            step()
-            took[what] = time.monotonic() - t0
-            _say(f"{what}: {took[what]:.0f} s")
-    return took
+        return _timed([
+            ("vllm-cpu base", lambda: _vllm_cpu_base(b, venv, vllm_base(tag))),
+            ("vLLM image on vllm-cpu", lambda: _vllm_dockerfile(b, tag)),
+            ("push, uncompressed", lambda: b(
+                f"pushing {vllm_image(tag)} to the local registry", "push",
+                "--tls-verify=false", "--disable-compression", "-q", vllm_image(tag),
+                f"docker://{registry.reference(vllm_image(tag))}")),
+            # the registry holds them now: 6 GB each run would otherwise stay behind
+            ("removing them from the build storage", lambda: b(
+                "removing the vllm-cpu images from the build storage", "rmi", "-f",
+                vllm_image(tag), vllm_base(tag)))])
 
 
 def _vllm_cpu_base(b: Buildah, venv: Path, name: str) -> None:
@@ -353,9 +357,10 @@ def _vllm_cpu_base(b: Buildah, venv: Path, name: str) -> None:
         if not libnuma.exists():
             raise ControlPlaneError("the vllm-cpu base needs the host's libnuma.so.1 "
                                     "(apt-get install libnuma1)")
-        shutil.copy2(libnuma.resolve(), libs / libnuma.resolve().name)
-        if libnuma.resolve().name != libnuma.name:
-            (libs / libnuma.name).symlink_to(libnuma.resolve().name)
+        real = libnuma.resolve()  # the versioned file the soname links to
+        shutil.copy2(real, libs / real.name)
+        if real.name != libnuma.name:
+            (libs / libnuma.name).symlink_to(real.name)
     finally:
         b("unmounting the vllm-cpu base", "umount", c)
     b("the vllm-cpu base's config", "config", "--env",
