@@ -16,10 +16,10 @@ Real kube-apiserver v1.20.2 and controllers, the operator as its own process, po
 node simulator with the vLLM stand-in at the published start figures (vlm_testbed/vllmsim/
 startup.py: cold 110 s, 52 s with the weights on the node, 48 s with the compile cache too; an
 in-place restart keeps both on the pod's emptyDirs), the kubelet's downwardAPI refresh on its
-sync of the updated pod (nodesim: 2 s; --downward-api-lag 60 for a missed sync), its restart
-back-off and probes as the operator's pod spec sets them. Requests: a client following the
-Service's EndpointSlices as kube-proxy does (vlm_testbed/load.py), 10 a second, from the fault
-on; every one started is counted.
+sync of the updated pod (nodesim: 2 s; --downward-api-lag 60 for the periodic sync's bound),
+its restart back-off and probes as the operator's pod spec sets them. Requests: a client
+following the Service's EndpointSlices as kube-proxy does (vlm_testbed/load.py), 10 a second,
+from the fault on; every one started is counted.
 
 Usage: .venv/bin/python bench/recovery.py [--trials 1] [--rows id,id] [--scale 1.0]
 """

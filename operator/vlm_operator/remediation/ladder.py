@@ -11,9 +11,10 @@ request reaches it while it recovers. Then the rungs, each with a deadline:
 - RESTART_REQUEST: the process stays up (a hung engine, a kept-alive dead one): the operator
   writes the pod's restart-request annotation; the kubelet projects it into the container
   (a downwardAPI volume, rewritten on the kubelet's sync of the updated pod: about a
-  second, its periodic sync a minute later where that is missed) and the engine plugin exits the
-  process, for the same in-place restart. Only where the plugin runs in the pod's current
-  container (its startup line was seen); REQUEST_WAIT_S covers the kubelet's refresh.
+  second; seconds after a frozen or restarted kubelet is back; at most a minute, its periodic
+  sync) and the engine plugin exits the process, for the same in-place restart. Only where
+  the plugin runs in the pod's current container (its startup line was seen); REQUEST_WAIT_S
+  covers the kubelet's refresh.
 - DELETE: a fresh pod (what a Restart always did): when in-place recovery failed, or would be
   slower (the kubelet's back-off before the next in-place restart is past a cold start), or the
   node is suspect (remediation/suspect.py: a GPU error in the log, or in-place recoveries that
@@ -53,7 +54,9 @@ from vlm_operator.remediation.suspect import Suspect
 # and restarts the first time without back-off. Slack for a loaded node.
 EXIT_WAIT_S = 30.0
 # The kubelet rewrites projected downwardAPI files when it syncs the updated pod (about a
-# second), at worst on its periodic sync a minute later; the plugin reads the file every second.
+# second; a kubelet frozen or restarted over the change within seconds of its return:
+# bench/results/downward-api-missed-sync.md), bounded by its periodic sync a minute later; the
+# plugin reads the file every second.
 REQUEST_WAIT_S = 120.0
 # A container restarted in place has the startup probe's budget to load the model again.
 READY_WAIT_S = float(children.STARTUP_PERIOD_SECONDS * children.STARTUP_FAILURE_THRESHOLD)

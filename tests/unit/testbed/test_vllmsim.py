@@ -233,8 +233,17 @@ def test_engine_dead_then_503_then_exit(sim_factory, exit_code):
 
 
 def test_engine_dead_from_env_at_start(sim_factory):
-    fault = {"fault": "engine_dead", "after": 0, "exit_code": 1, "exit_delay": 0}
+    """A death given at start comes before the first answer: a container that never becomes
+    Ready (the kubelet's CrashLoopBackOff, where no probe ever passes)."""
+    fault = {"fault": "engine_dead", "after": 0, "exit_code": 1, "exit_delay": 3}
     s = sim_factory(env={"VLM_SIM_FAULT": json.dumps(fault)})
+    deadline, first = time.monotonic() + 20, None
+    while first is None and time.monotonic() < deadline:
+        try:
+            first = s.get("/health", timeout=2)[0]
+        except OSError:
+            time.sleep(0.005)
+    assert first == 503
     assert s.proc.wait(20) == 1
     s.stop()
     assert any("EngineDeadError" in x for x in s.lines)

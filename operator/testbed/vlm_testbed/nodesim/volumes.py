@@ -37,7 +37,9 @@ MOUNTS_ENV = "VLM_TESTBED_MOUNTS"
 # Downward API, depend on this"), done by the volume manager's 100 ms loops. A real kubelet
 # (v1.20.2 on containerd, bench/results/node-model.md) rewrote the file a median 0.41 s, at
 # most 0.50 s, after the change; 0.5 s here. The periodic sync (--sync-frequency, 1 min) is
-# the fallback when a sync is missed: pass 60 to model that worst case.
+# the documented bound, which a kubelet frozen or restarted over the change did not come near
+# (0.2 s, 5.9 s after its return: bench/results/downward-api-missed-sync.md): pass 60 to model
+# that bound.
 DOWNWARD_API_LAG_S = 0.5
 # Where programs keep caches; under no mount they are on the container's writable layer.
 WRITABLE_ENV = ("HOME", "HF_HOME", "HF_HUB_CACHE", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME")

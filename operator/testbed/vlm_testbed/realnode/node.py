@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,7 @@ class RealNode:
         self.kubelet_port: int | None = None
         self.kubelet_ready_seconds: float | None = None  # from the kubelet's start
         self._kubelet_t0: float | None = None
+        self._kubelet_cmd: list[str] = []
         self._bridge_added = False
         self._holder_ns: str | None = None
 
@@ -131,6 +133,25 @@ class RealNode:
         except OSError:
             return None
 
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet alone (SIGTERM, SIGKILL after 10 s): its containers keep running
+        under containerd and it watches nothing until start_kubelet, as during a kubelet
+        upgrade or crash."""
+        _kill_group(self.procs["kubelet"])
+
+    def start_kubelet(self) -> None:
+        """Start the kubelet again with the same flags and state; returns at once (it takes
+        its pods over from containerd and syncs each as it would after a crash)."""
+        self._spawn("kubelet", self._kubelet_cmd)
+
+    def freeze_kubelet(self) -> None:
+        """SIGSTOP the kubelet: it syncs nothing and its watch stays open, unread, as with a
+        kubelet starved of CPU or stuck in a long pause."""
+        os.killpg(self.procs["kubelet"].pid, signal.SIGSTOP)
+
+    def thaw_kubelet(self) -> None:
+        os.killpg(self.procs["kubelet"].pid, signal.SIGCONT)
+
     def stop(self, keep_logs: bool = False) -> None:
         with contextlib.suppress(Exception):
             self._delete_pods_and_node()
@@ -195,7 +216,8 @@ class RealNode:
             healthz_port=free_port(), pause_image=PAUSE_IMAGE,
             labels={"vlm-testbed/real-node": "true", **self.labels}, verbosity=self.verbosity)
         self._kubelet_t0 = time.monotonic()
-        self._spawn("kubelet", [*enter, *args])
+        self._kubelet_cmd = [*enter, *args]
+        self._spawn("kubelet", self._kubelet_cmd)
         if self.gpus:
             self._spawn("device-plugin", [
                 str(node_binary("vlm-gpu-device-plugin")),

@@ -34,10 +34,13 @@ class SimulatorFaults:
                                  args=(self.retry_gen, rate, spec.get("count"),
                                        int(spec.get("attempt", 1)))).start()
         elif kind == "engine_dead":
-            threading.Thread(target=self._die, daemon=True,
-                             args=(float(spec.get("after", 0)), int(spec.get("exit_code", 0)),
-                                   float(spec.get("exit_delay", 5)),
-                                   spec.get("gpu_error"))).start()
+            after, gpu_error = float(spec.get("after", 0)), spec.get("gpu_error")
+            # at once: dead before this returns, so a fault given at start is dead before the
+            # server answers its first probe (a container that never becomes Ready)
+            if after > 0 or self._engine_dies(gpu_error):
+                threading.Thread(target=self._die, daemon=True,
+                                 args=(after, int(spec.get("exit_code", 0)),
+                                       float(spec.get("exit_delay", 5)), gpu_error)).start()
         elif kind == "hang":
             self.hung.set() if spec.get("on", True) else self.hung.clear()
         elif kind == "stall":
@@ -138,19 +141,27 @@ class SimulatorFaults:
             emitted += 1
             time.sleep(1.0 / rate)
 
-    def _die(self, after: float, exit_code: int, exit_delay: float,
-             gpu_error: str | None = None) -> None:
-        """The engine dies (after `after` s): with gpu_error (a CUDA fault's text), its engine
-        core logs the fault first; the API server's engine-death lines; vLLM's exit."""
-        time.sleep(after)
+    def _engine_dies(self, gpu_error: str | None) -> bool:
+        """The engine dies now (False: it was dead already): with gpu_error (a CUDA fault's
+        text), its engine core logs the fault first; then the API server's engine-death lines,
+        and /health answers 503 from here on."""
         if self.dead:
-            return
+            return False
         self.dead = True
         prefix = self.env.get("VLLM_LOGGING_PREFIX", "")
         lines = gpu_fault_lines(self.version, self.pid, str(gpu_error)[:200],
                                 prefix=prefix) if gpu_error else []
         for line in lines + engine_dead_lines(self.version, self.pid, prefix=prefix):
             self.emit(line)
+        return True
+
+    def _die(self, after: float, exit_code: int, exit_delay: float,
+             gpu_error: str | None = None) -> None:
+        """The engine dies after `after` s (where it has not yet: _engine_dies), then vLLM
+        exits exit_delay s later with exit_code, unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH."""
+        time.sleep(after)
+        if after > 0 and not self._engine_dies(gpu_error):
+            return
         if self.env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1":
             return
         time.sleep(exit_delay)
