@@ -126,7 +126,8 @@ def decide(request: PlanRequest) -> RemediationPlan:
                     "already acted on")
     # startedAt has whole seconds: the container started within [since, since + 1), and a line
     # stamped in that second may be the previous container's (its last lines are read and
-    # stamped while the next one starts). No engine dies within its container's first second.
+    # stamped while the next one starts). No engine dies within its container's first second;
+    # a pod's first container has no predecessor (container_since is None then).
     if r.container_since is not None and incident.last < r.container_since + STARTED_AT_S:
         return skip(Reason.RECOVERED_IN_PLACE, f"{signature} on {pod} at {incident.last:.3f} "
                     "was logged by a container the kubelet has restarted in place since (the "

@@ -188,8 +188,12 @@ def kubelet_backoff_s(pod: Mapping, now: float,
 
 def container_since(pod: Mapping) -> float | None:
     """When the newest vllm container that ran started: the running (or ended) one's start, or
-    the last one's while the kubelet waits to restart it; None before any started. A line logged
-    before this came from a container the kubelet has restarted in place since."""
+    the last one's while the kubelet waits to restart it; None before any started, and for the
+    pod's first container (restartCount 0: no earlier one whose late lines could be read, so an
+    engine that dies within its first second is still its own). A line logged before this came
+    from a container the kubelet has restarted in place since."""
+    if Pod(pod).restart_count == 0:
+        return None
     status = Pod(pod).container
     state = status.get("state") or {}
     current = state.get("running") or state.get("terminated") or \

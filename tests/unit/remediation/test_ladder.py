@@ -121,6 +121,8 @@ def test_the_back_off_is_estimated_from_recent_restarts_as_the_kubelet_keeps_it(
 
 def test_the_newest_container_is_dated_by_its_start_running_or_waiting():
     assert ladder.container_since(pod()) is None
+    # the pod's first container: no earlier one, so no line of its own is ever taken for one's
+    assert ladder.container_since(history(restarts=0, started=T - 0.5)) is None
     assert ladder.container_since(history(restarts=1, started=T - 6)) == T - 6
     assert ladder.container_since(history(restarts=2, started=0, prev=(T - 30, T - 4),
                                           waiting=True)) == T - 30
