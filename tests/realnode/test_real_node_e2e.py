@@ -221,19 +221,20 @@ def test_a_pod_that_never_becomes_ready_is_reported_and_left_alone(api, ns, node
 
 
 def test_a_container_that_dies_at_every_start_is_left_to_the_kubelets_back_off(api, ns, node):
-    """CrashLoopBackOff on the real kubelet: the engine dies as every container starts, before
-    its first probe answers (exit 1 a second later: a container that never becomes Ready),
-    with the default health policy (in-place recovery). The kubelet restarts the container
-    on its own back-off (10, 20, 40 s: measured in bench/results/node-model.md); the operator
-    fences the pod once, counts one restart for the whole loop (the fenced container's later
-    deaths belong to that recovery), says Degraded=True (CrashLoopBackOff), and while the
-    kubelet's back-off stays shorter than a cold start it keeps the pod rather than pay a new
-    pod's start: the same pod, restarted by the kubelet only."""
+    """CrashLoopBackOff on the real kubelet: the engine dies as soon as the server listens, 2 s
+    into every container (past the first second, which the operator leaves to the container
+    before; and before any probe can pass: a container that never becomes Ready), exit 1 a
+    second later, with the default health policy (in-place recovery). The kubelet restarts
+    the container on its own back-off (10, 20, 40 s: measured in bench/results/node-model.md);
+    the operator fences the pod once, counts one restart for the whole loop (the fenced
+    container's later deaths belong to that recovery), says Degraded=True (CrashLoopBackOff),
+    and while the kubelet's back-off stays shorter than a cold start it keeps the pod rather
+    than pay a new pod's start: the same pod, restarted by the kubelet only."""
     v1, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     die = {"fault": "engine_dead", "after": 0, "exit_code": 1, "exit_delay": 1}
     body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "crashing"},
             "spec": {"model": "Qwen/Qwen2-VL-2B-Instruct", "replicas": 1, "vllm": {"env": [
-                {"name": "VLM_SIM_STARTUP_SECONDS", "value": "0"},
+                {"name": "VLM_SIM_STARTUP_SECONDS", "value": "2"},
                 {"name": "VLM_SIM_FAULT", "value": json.dumps(die)}]}}}
     custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
     pod = wait_for("the pod", lambda: next(iter(v1.list_namespaced_pod(ns).items), None), 60)
