@@ -10,12 +10,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vlm_operator.desired import children
+from vlm_operator.podreads import reader
 from vlm_operator.remediation import incidents
 
 from .bed import KEEP_ALIVE, instance, merged, post
 
 if TYPE_CHECKING:
     from .bed import Bed, Observed
+
+# a round that scraped a pod before its fault ends within the scrape deadline; rounds are 1 s
+SCRAPE_SETTLE_S = 2 * reader.METRICS_TIMEOUT_S + 1.0
 
 
 def engine_death(replicas: int, exit_code: int | None, hit_all: bool = False,
@@ -86,10 +90,14 @@ def storm_without_free_gpu(bed: Bed, health: dict | None) -> Observed:
 def saturation(bed: Bed, health: dict | None) -> Observed:
     """Busy, not broken: a full queue, slow service and a /metrics that answers after the
     autoscaler's scrape timeout, on one of two autoscaled replicas. Nothing may be restarted
-    or drained for a minute of it."""
+    or drained for a minute of it.
+
+    minReplicas is 2 until the load is in place and 1 after, with no scale-down delay: from
+    then on only the unknown load holds the second replica (an idle pair at minReplicas 1
+    would rightly be scaled down at the autoscaler's next round, before the fault)."""
     bed.nodes(gpus_per_node=3)
     bed.create("row", replicas=2, health=health,
-               autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2,
+               autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 2,
                             "scaleDownDelaySeconds": 0})
     pods = bed.wait_ready("row", 2)
     busy = pods[0]
@@ -100,6 +108,8 @@ def saturation(bed: Bed, health: dict | None) -> Observed:
                 for _ in range(8)]  # 2 running, 6 queued, 5 s each
     for thread in requests:
         thread.start()
+    time.sleep(SCRAPE_SETTLE_S)  # every round from here on sees the busy pod's /metrics time out
+    bed.patch_spec("row", {"autoscaling": {"minReplicas": 1}})
     seen = bed.follow("row", 2, set(), start, until=lambda: False, timeout=30, settle=0)
     body = bed.get("row")
     seen.notes.update(
