@@ -313,6 +313,8 @@ LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 5400  # about 59
 STEP_LIMIT_S = 1800
 BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
                   r"every=\S+ steps=\d+ in_flight=1 step_s=(\S+) step_tokens=(\d+) ")
+IDLE_BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
+                       r"every=\S+ steps=\d+ in_flight=0 .* running=0 waiting=0$")
 
 
 def complete(base: str, prompt: str, timeout: float) -> dict:
@@ -349,7 +351,15 @@ def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
     """Freeze the pod's engine (with `in_flight` requests sent first) and wait for the
     operator to restart it for a stall; returns the replacement pod once it is ready."""
     base = f"http://{pod.status.pod_ip}:8000"
+    logged = len(pod_log(sim, ns, pod.metadata.name).splitlines())
     image_chat(base)  # it serves
+    if not in_flight:
+        # a heartbeat is logged every 5 s: one logged during the chat shows its step running,
+        # and were it the last before the freeze, that step would outlive its bound before the
+        # heartbeat counted as stopped; the engine frozen idle is frozen after an idle beat
+        wait_for("an idle engine heartbeat after the chat", lambda: any(
+            IDLE_BEAT.search(line) for line in
+            pod_log(sim, ns, pod.metadata.name).splitlines()[logged:]), timeout=30)
     with ThreadPoolExecutor(max(1, in_flight)) as pool:
         for _ in range(in_flight):  # requests that never finish once the engine is frozen
             pool.submit(chat_quietly, base)
