@@ -90,7 +90,7 @@ def storm_without_free_gpu(bed: Bed, health: dict | None) -> Observed:
 def saturation(bed: Bed, health: dict | None) -> Observed:
     """Busy, not broken: a full queue, slow service and a /metrics that answers after the
     autoscaler's scrape timeout, on one of two autoscaled replicas. Nothing may be restarted
-    or drained for a minute of it.
+    or drained for the 30 s it is followed.
 
     minReplicas is 2 until the load is in place and 1 after, with no scale-down delay: from
     then on only the unknown load holds the second replica (an idle pair at minReplicas 1
