@@ -351,12 +351,13 @@ def freeze_until_restarted(api, ns, sim, pod, in_flight: int):
     """Freeze the pod's engine (with `in_flight` requests sent first) and wait for the
     operator to restart it for a stall; returns the replacement pod once it is ready."""
     base = f"http://{pod.status.pod_ip}:8000"
-    logged = len(pod_log(sim, ns, pod.metadata.name).splitlines())
     image_chat(base)  # it serves
+    logged = len(pod_log(sim, ns, pod.metadata.name).splitlines())
     if not in_flight:
         # a heartbeat is logged every 5 s: one logged during the chat shows its step running,
         # and were it the last before the freeze, that step would outlive its bound before the
         # heartbeat counted as stopped; the engine frozen idle is frozen after an idle beat
+        # logged once the chat was answered
         wait_for("an idle engine heartbeat after the chat", lambda: any(
             IDLE_BEAT.search(line) for line in
             pod_log(sim, ns, pod.metadata.name).splitlines()[logged:]), timeout=30)
