@@ -311,10 +311,10 @@ LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 5400  # about 59
 # default: "RPC call to execute_model timed out", EngineDeadError, HTTP 500). The test is about
 # the heartbeat keeping a long step alive, not vLLM's own limit, so the pod raises it.
 STEP_LIMIT_S = 1800
-BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
-                  r"every=\S+ steps=\d+ in_flight=1 step_s=(\S+) step_tokens=(\d+) ")
-IDLE_BEAT = re.compile(r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
-                       r"every=\S+ steps=\d+ in_flight=0 .* running=0 waiting=0$")
+HEARTBEAT = (r"\(EngineCore pid=\d+\) INFO .* \[heartbeat\.py:\d+\] vlm-engine-heartbeat "
+             r"every=\S+ steps=\d+ ")
+BEAT = re.compile(HEARTBEAT + r"in_flight=1 step_s=(\S+) step_tokens=(\d+) ")
+IDLE_BEAT = re.compile(HEARTBEAT + r"in_flight=0 .* running=0 waiting=0$")
 
 
 def complete(base: str, prompt: str, timeout: float) -> dict:

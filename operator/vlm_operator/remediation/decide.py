@@ -68,7 +68,8 @@ class PlanRequest:
 
     history: times of this VLMDeployment's remediations; acted_until: the newest incident time
     already acted on for this pod (persisted); container_since: when the pod's newest vllm
-    container started (remediation/ladder.container_since; None: none yet); backoff_until:
+    container started (remediation/ladder.container_since; None: none yet, or the pod's first,
+    which has no earlier container); backoff_until:
     the end of the pod's back-off; health: "ok" (GET /health said 200), "failing",
     "unreachable" or None (not asked); spare_gpus: whether one more replica fits the free GPUs
     (None: not known), asked only when guards.needs_replacement() says so."""
